@@ -1,0 +1,110 @@
+# Turns the CUDA_ARCH_LIST environment variable into CMAKE_CUDA_ARCHITECTURES.
+#
+# Accepted forms: "8.0;9.0a", "80;90a", "8.0 9.0a", "8.0,9.0a", "9.0a+PTX", "none" (CPU only),
+# "native" (the GPUs visible at build time; refused when none is visible, because nvcc would
+# silently fall back to an old default arch). Unset means OPFORGE_DEFAULT_CUDA_ARCH_LIST.
+#
+# Sets in the caller's scope:
+#   OPFORGE_CUDA_ARCHS_WANTED  TRUE unless the list is "none"
+#   OPFORGE_CUDA_ARCHITECTURES entries for CMAKE_CUDA_ARCHITECTURES ("90a-real", "90a" with +PTX)
+#   OPFORGE_ARCH_NAMES         human-readable list for build_info ("8.0;9.0a+PTX")
+
+set(OPFORGE_DEFAULT_CUDA_ARCH_LIST "8.0;9.0a")
+
+function(_opforge_native_archs out)
+  find_program(_nvsmi nvidia-smi)
+  set(_caps "")
+  if(_nvsmi)
+    execute_process(COMMAND ${_nvsmi} --query-gpu=compute_cap --format=csv,noheader
+                    OUTPUT_VARIABLE _caps RESULT_VARIABLE _rc ERROR_QUIET
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT _rc EQUAL 0)
+      set(_caps "")
+    endif()
+  endif()
+  if(_caps STREQUAL "")
+    message(FATAL_ERROR
+      "CUDA_ARCH_LIST=native needs a GPU visible at build time and none was found; "
+      "name the archs instead, e.g. CUDA_ARCH_LIST=\"8.0;9.0a\".")
+  endif()
+  string(REPLACE "\n" ";" _caps "${_caps}")
+  set(_res "")
+  foreach(_c IN LISTS _caps)
+    string(STRIP "${_c}" _c)
+    # Hopper and newer get the arch-specific target so their own instructions are usable.
+    if(_c MATCHES "^([0-9]+)\\.")
+      if(CMAKE_MATCH_1 GREATER_EQUAL 9)
+        set(_c "${_c}a")
+      endif()
+    endif()
+    list(APPEND _res "${_c}")
+  endforeach()
+  list(REMOVE_DUPLICATES _res)
+  set(${out} "${_res}" PARENT_SCOPE)
+endfunction()
+
+function(opforge_parse_cuda_arch_list)
+  if(DEFINED ENV{CUDA_ARCH_LIST} AND NOT "$ENV{CUDA_ARCH_LIST}" STREQUAL "")
+    set(_raw "$ENV{CUDA_ARCH_LIST}")
+  else()
+    set(_raw "${OPFORGE_DEFAULT_CUDA_ARCH_LIST}")
+  endif()
+  string(STRIP "${_raw}" _raw)
+  string(TOLOWER "${_raw}" _lower)
+  if(_lower STREQUAL "none")
+    set(OPFORGE_CUDA_ARCHS_WANTED FALSE PARENT_SCOPE)
+    return()
+  endif()
+  if(_lower STREQUAL "native")
+    _opforge_native_archs(_raw)
+  endif()
+
+  string(REGEX REPLACE "[ ,\t]+" ";" _items "${_raw}")
+  set(_cmake_archs "")
+  set(_names "")
+  foreach(_item IN LISTS _items)
+    if(_item STREQUAL "")
+      continue()
+    endif()
+    string(TOLOWER "${_item}" _it)
+    set(_ptx FALSE)
+    if(_it MATCHES "\\+ptx$")
+      set(_ptx TRUE)
+      string(REGEX REPLACE "\\+ptx$" "" _it "${_it}")
+    endif()
+    # Two separate tests: if() evaluates both sides of an OR, and a failed MATCHES clears
+    # CMAKE_MATCH_<n>.
+    if(_it MATCHES "^([0-9]+)\\.([0-9])([af]?)$")
+      set(_major "${CMAKE_MATCH_1}")
+      set(_minor "${CMAKE_MATCH_2}")
+      set(_suffix "${CMAKE_MATCH_3}")
+    elseif(_it MATCHES "^([0-9]+)([0-9])([af]?)$")
+      set(_major "${CMAKE_MATCH_1}")
+      set(_minor "${CMAKE_MATCH_2}")
+      set(_suffix "${CMAKE_MATCH_3}")
+    else()
+      message(FATAL_ERROR
+        "CUDA_ARCH_LIST: cannot read '${_item}'. Use forms like 8.0, 80, 9.0a, 90a or 9.0a+PTX, "
+        "separated by ';', ',' or spaces, or 'none' for a CPU-only build.")
+    endif()
+    if(_major LESS 7 OR (_major EQUAL 7 AND _minor LESS 5))
+      message(FATAL_ERROR "CUDA_ARCH_LIST: ${_item} is older than CUDA 13 supports (7.5 is the oldest).")
+    endif()
+    set(_code "${_major}${_minor}${_suffix}")
+    if(_ptx)
+      list(APPEND _cmake_archs "${_code}")
+      list(APPEND _names "${_major}.${_minor}${_suffix}+PTX")
+    else()
+      list(APPEND _cmake_archs "${_code}-real")
+      list(APPEND _names "${_major}.${_minor}${_suffix}")
+    endif()
+  endforeach()
+  if(_cmake_archs STREQUAL "")
+    message(FATAL_ERROR "CUDA_ARCH_LIST='${_raw}' names no architecture.")
+  endif()
+  list(REMOVE_DUPLICATES _cmake_archs)
+  list(REMOVE_DUPLICATES _names)
+  set(OPFORGE_CUDA_ARCHS_WANTED TRUE PARENT_SCOPE)
+  set(OPFORGE_CUDA_ARCHITECTURES "${_cmake_archs}" PARENT_SCOPE)
+  set(OPFORGE_ARCH_NAMES "${_names}" PARENT_SCOPE)
+endfunction()

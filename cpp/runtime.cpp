@@ -1,0 +1,42 @@
+// What this build contains, and the launch-shape choice exposed for inspection and tests.
+#include <nanobind/stl/string.h>
+
+#include "launch_shape.h"
+#include "opforge_build_config.h"
+#include "tensor_view.h"
+#ifdef OPFORGE_WITH_CUDA
+#include "device.h"
+#endif
+
+namespace opforge {
+
+void bind_runtime(nb::module_& m) {
+  m.def("build_info", []() {
+    nb::dict d;
+    d["version"] = OPFORGE_VERSION;
+#ifdef OPFORGE_WITH_CUDA
+    d["cuda"] = true;
+#else
+    d["cuda"] = false;
+#endif
+    d["cuda_archs"] = std::string(OPFORGE_CUDA_ARCHS);
+    d["cuda_version"] = std::string(OPFORGE_CUDA_VERSION);
+    d["compiler"] = std::string(OPFORGE_CXX_COMPILER);
+    return d;
+  });
+  m.def(
+      "norm_launch_shape",
+      [](int64_t rows, int64_t hidden, int vec, int sms) {
+        const RowLaunch l = choose_norm_launch(rows, hidden / vec, vec, sms);
+        nb::dict d;
+        d["vecs_per_thread"] = l.vecs_per_thread;
+        d["group"] = l.group;
+        d["threads"] = l.threads;
+        d["blocks"] = l.blocks;
+        return d;
+      },
+      nb::arg("rows"), nb::arg("hidden"), nb::arg("vec"), nb::arg("sms"),
+      "The launch the CUDA norm kernel picks for a shape (vec: elements per access).");
+}
+
+}  // namespace opforge

@@ -1,0 +1,72 @@
+// silu/gelu/gelu-tanh and mul, one functor per activation over the shared row-wise map.
+#include <cuda_runtime.h>
+
+#include "activation.h"
+#include "elementwise.cuh"
+
+namespace opforge::cuda {
+namespace {
+
+// The same formulas as torch's fp32 kernels (and opforge's CPU ops).
+struct Silu {
+  __device__ __forceinline__ float operator()(float x) const { return x / (1.f + expf(-x)); }
+};
+struct Gelu {
+  __device__ __forceinline__ float operator()(float x) const { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+};
+struct GeluTanh {
+  __device__ __forceinline__ float operator()(float x) const {
+    const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + tanhf(inner));
+  }
+};
+
+template <typename Act>
+struct ActAndMul {
+  int64_t d;
+  template <typename T, int VEC>
+  __device__ __forceinline__ void apply(const T* row, int64_t c, float (&y)[VEC]) const {
+    float x[VEC], g[VEC];
+    load_float<T, VEC>(row + c, x);
+    load_float<T, VEC>(row + d + c, g);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) y[j] = Act()(x[j]) * g[j];
+  }
+};
+
+template <typename T, typename Act>
+int launch_act(const ActMulParams& p, int device, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const RowwiseShape s{p.rows, p.d, p.out_stride, p.input_stride};
+  T* out = static_cast<T*>(p.out);
+  const T* in = static_cast<const T*>(p.input);
+  const bool wide = p.d % kVec == 0 && vec_aligned(p.input, p.input_stride, kVec, sizeof(T)) &&
+                    vec_aligned(p.out, p.out_stride, kVec, sizeof(T));
+  const ActAndMul<Act> op{p.d};
+  return wide ? launch_rowwise_map<T, kVec>(out, in, s, op, device, stream)
+              : launch_rowwise_map<T, 1>(out, in, s, op, device, stream);
+}
+
+template <typename T>
+int launch_typed(const ActMulParams& p, int device, cudaStream_t stream) {
+  switch (p.act) {
+    case Activation::kGelu: return launch_act<T, Gelu>(p, device, stream);
+    case Activation::kGeluTanh: return launch_act<T, GeluTanh>(p, device, stream);
+    default: return launch_act<T, Silu>(p, device, stream);
+  }
+}
+
+}  // namespace
+
+int launch_act_and_mul(const ActMulParams& p, int device, void* stream_ptr) {
+  if (p.rows == 0 || p.d == 0) return 0;
+  DeviceGuard guard(device);
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (p.dtype) {
+    case DType::kFloat16: return launch_typed<__half>(p, device, stream);
+    case DType::kBFloat16: return launch_typed<__nv_bfloat16>(p, device, stream);
+    default: return launch_typed<float>(p, device, stream);
+  }
+}
+
+}  // namespace opforge::cuda

@@ -1,0 +1,25 @@
+// Act-and-mul (gated MLP) launcher interface: input rows [x | gate] of 2*d, output rows of d,
+//   out = round(act(x) * gate), computed in fp32.
+#pragma once
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace opforge::cuda {
+
+enum class Activation : int { kSilu = 0, kGelu = 1, kGeluTanh = 2 };
+
+struct ActMulParams {
+  void* out = nullptr;
+  const void* input = nullptr;
+  int64_t rows = 0;
+  int64_t d = 0;
+  int64_t out_stride = 0;
+  int64_t input_stride = 0;
+  Activation act = Activation::kSilu;
+  DType dtype = DType::kFloat32;
+};
+
+int launch_act_and_mul(const ActMulParams& p, int device, void* stream);
+
+}  // namespace opforge::cuda

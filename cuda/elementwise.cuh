@@ -1,0 +1,71 @@
+// One row-wise element map shared by scale and the act-and-mul ops. A functor reads what it
+// needs from the input row at column c (VEC elements) and produces VEC output elements; the
+// kernel handles strided rows, vector width, the grid and enough loads in flight.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "device.h"
+#include "vec.cuh"
+
+namespace opforge::cuda {
+
+struct RowwiseShape {
+  int64_t rows = 0;
+  int64_t cols = 0;  // output columns
+  int64_t out_stride = 0;
+  int64_t in_stride = 0;
+};
+
+constexpr int kMapThreads = 256;
+constexpr int kMapUnroll = 4;  // vectors per thread per step: 4 x 16-byte loads in flight
+
+// x (block and grid) strides over the columns of a row, y over rows; short rows put several
+// rows in one block (blockDim.y > 1) so no block is mostly idle.
+template <typename T, int VEC, typename Op>
+__global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const T* in, const RowwiseShape s, const Op op) {
+  const int64_t col_step = int64_t(gridDim.x) * blockDim.x * VEC * kMapUnroll;
+  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < s.rows; r += int64_t(gridDim.y) * blockDim.y) {
+    const T* in_row = in + r * s.in_stride;
+    T* out_row = out + r * s.out_stride;
+    for (int64_t base = (int64_t(blockIdx.x) * blockDim.x * kMapUnroll + threadIdx.x) * VEC; base < s.cols;
+         base += col_step) {
+      float y[kMapUnroll][VEC];
+      // All loads of this step first (each element is read and written by this thread only, so
+      // in-place use stays correct), then all stores.
+#pragma unroll
+      for (int u = 0; u < kMapUnroll; ++u) {
+        const int64_t c = base + int64_t(u) * blockDim.x * VEC;
+        if (c < s.cols) op.template apply<T, VEC>(in_row, c, y[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kMapUnroll; ++u) {
+        const int64_t c = base + int64_t(u) * blockDim.x * VEC;
+        if (c < s.cols) store_float<T, VEC>(out_row + c, y[u]);
+      }
+    }
+  }
+}
+
+// Launch shape: enough blocks along the columns to cover a row once (capped so the whole grid
+// is a few waves of resident blocks), rows on grid.y.
+template <typename T, int VEC, typename Op>
+int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream) {
+  if (s.rows == 0 || s.cols == 0) return 0;
+  const int64_t nv = (s.cols + VEC - 1) / VEC;
+  const int64_t tx = std::min<int64_t>(kMapThreads, (nv + kMapUnroll * 32 - 1) / (kMapUnroll * 32) * 32);
+  const int64_t ty = kMapThreads / tx;
+  const int64_t per_block = tx * kMapUnroll;
+  const int64_t resident = int64_t(sm_count(device)) * (2048 / kMapThreads);
+  int64_t gx = (nv + per_block - 1) / per_block;
+  const int64_t gy = std::min<int64_t>((s.rows + ty - 1) / ty, 65535);
+  // Cap the column blocks so gx * gy stays near a few waves; the kernel strides over the rest.
+  const int64_t max_gx = std::max<int64_t>(1, (4 * resident + gy - 1) / gy);
+  gx = std::min(gx, max_gx);
+  rowwise_map_kernel<T, VEC, Op>
+      <<<dim3(unsigned(gx), unsigned(gy)), dim3(unsigned(tx), unsigned(ty)), 0, stream>>>(out, in, s, op);
+  return last_launch_status();
+}
+
+}  // namespace opforge::cuda

@@ -1,0 +1,35 @@
+// RMSNorm family launcher interface (plain C++; the kernels live in norm.cu).
+#pragma once
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace opforge::cuda {
+
+// One row-wise RMSNorm, optionally fused with a residual add:
+//   s = input (+ residual);  residual_out = round(s);  out = round(s * rstd(s) * (weight + weight_offset))
+// where rstd uses the unrounded fp32 s. weight_offset is 0 (RMSNorm) or 1 (Gemma).
+// Strides are in elements between rows; the last dimension is contiguous.
+// In-place use (out == input, residual_out == residual) is safe: every element is read before
+// the thread that owns it writes it, and no thread reads an element another thread writes.
+struct NormParams {
+  void* out = nullptr;
+  const void* input = nullptr;
+  const void* residual = nullptr;  // null: plain RMSNorm
+  void* residual_out = nullptr;    // required when residual is set
+  const void* weight = nullptr;
+  int64_t rows = 0;
+  int64_t hidden = 0;
+  int64_t out_stride = 0;
+  int64_t input_stride = 0;
+  int64_t residual_stride = 0;
+  int64_t residual_out_stride = 0;
+  float eps = 1e-6f;
+  float weight_offset = 0.f;
+  DType dtype = DType::kFloat32;
+};
+
+// Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).
+int launch_norm(const NormParams& p, int device, void* stream);
+
+}  // namespace opforge::cuda

@@ -1,0 +1,44 @@
+#include <cuda_runtime.h>
+
+#include "elementwise.cuh"
+#include "scale.h"
+
+namespace opforge::cuda {
+namespace {
+
+struct Scale {
+  float factor;
+  template <typename T, int VEC>
+  __device__ __forceinline__ void apply(const T* row, int64_t c, float (&y)[VEC]) const {
+    load_float<T, VEC>(row + c, y);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) y[j] *= factor;
+  }
+};
+
+template <typename T>
+int launch_typed(const ScaleParams& p, int device, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const RowwiseShape s{p.rows, p.cols, p.out_stride, p.input_stride};
+  const bool wide = p.cols % kVec == 0 && vec_aligned(p.input, p.input_stride, kVec, sizeof(T)) &&
+                    vec_aligned(p.out, p.out_stride, kVec, sizeof(T));
+  T* out = static_cast<T*>(p.out);
+  const T* in = static_cast<const T*>(p.input);
+  return wide ? launch_rowwise_map<T, kVec>(out, in, s, Scale{p.factor}, device, stream)
+              : launch_rowwise_map<T, 1>(out, in, s, Scale{p.factor}, device, stream);
+}
+
+}  // namespace
+
+int launch_scale(const ScaleParams& p, int device, void* stream_ptr) {
+  if (p.rows == 0 || p.cols == 0) return 0;
+  DeviceGuard guard(device);
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  switch (p.dtype) {
+    case DType::kFloat16: return launch_typed<__half>(p, device, stream);
+    case DType::kBFloat16: return launch_typed<__nv_bfloat16>(p, device, stream);
+    default: return launch_typed<float>(p, device, stream);
+  }
+}
+
+}  // namespace opforge::cuda

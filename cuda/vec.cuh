@@ -1,0 +1,82 @@
+// Device building blocks shared by every kernel: element conversion, aligned vector access,
+// and the one sum reduction used by all row reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace opforge::cuda {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Round-to-nearest-even, as torch does when it narrows fp32 results.
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// N elements moved as one access of N*sizeof(T) bytes (16 bytes at the widest).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void load_float(const T* p, float (&out)[N]) {
+  const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(raw.v[i]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
+  Vec<T, N> raw;
+#pragma unroll
+  for (int i = 0; i < N; ++i) raw.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Vec<T, N>*>(p) = raw;
+}
+
+// Sum over groups of `width` consecutive lanes (width a power of two <= 32).
+__device__ __forceinline__ float warp_sum(float v, int width) {
+  for (int offset = width >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset, width);
+  return v;
+}
+
+// Sum over a group of `group` threads that share one row. Groups of up to 32 threads are lanes
+// of one warp (group a power of two); larger groups are whole warps (group a multiple of 32) and
+// combine their warp sums through shared memory. Every thread of the block must call this, since
+// the large-group path has block-wide barriers; `group` is uniform across the block.
+__device__ __forceinline__ float group_sum(float v, int group, float* scratch /* >= 32 floats */) {
+  if (group <= 32) return warp_sum(v, group);
+  v = warp_sum(v, 32);
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps_per_group = group >> 5;
+  const int first = warp - warp % warps_per_group;
+  float total = 0.f;
+  for (int w = 0; w < warps_per_group; ++w) total += scratch[first + w];
+  __syncthreads();  // the scratch may be reused by the caller's next reduction
+  return total;
+}
+
+// Launch status of the last kernel as the plain int the C++ side understands.
+inline int last_launch_status() { return static_cast<int>(cudaGetLastError()); }
+
+}  // namespace opforge::cuda

@@ -1,0 +1,38 @@
+"""opforge: fused GPU ops for PyTorch, compiled ahead of time into one extension.
+
+Importing opforge never touches a GPU. See README.md for the API and ``opforge.build_info()``
+for what this build contains.
+"""
+
+from ._ext import CudaError, build_info
+from .api_logging import opforge_api
+from .backend import BackendError, backend_requirement, supported_compute_capability
+from .ops import (
+    fused_add_rmsnorm,
+    gelu_and_mul,
+    gelu_tanh_and_mul,
+    gemma_fused_add_rmsnorm,
+    gemma_rmsnorm,
+    rmsnorm,
+    scale,
+    silu_and_mul,
+)
+
+__version__ = build_info()["version"]
+
+__all__ = [
+    "BackendError",
+    "CudaError",
+    "backend_requirement",
+    "build_info",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "gemma_fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "opforge_api",
+    "rmsnorm",
+    "scale",
+    "silu_and_mul",
+    "supported_compute_capability",
+]

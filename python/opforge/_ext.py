@@ -1,0 +1,87 @@
+"""The only importer of the compiled extension: build info, streams, DLPack hand-off.
+
+Tensors cross into C++ as DLPack capsules made by torch's C++ exporter (about 0.3 us per
+tensor, against about 2 us for the pure-Python ``Tensor.__dlpack__`` protocol, whose stream
+handling also differs across torch releases). The kernels launch on torch's *current* stream of
+the tensor's device, passed as an integer, so CUDA-graph capture and user streams work.
+Nothing here touches a GPU at import.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import _C
+
+CudaError = _C.CudaError
+
+#: torch tensor -> DLPack capsule, without Python-level protocol overhead.
+to_capsule = torch._C._to_dlpack
+
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def cuda_stream(device_index: int) -> int:
+    """Handle of torch's current CUDA stream on ``device_index`` (0 = legacy default stream)."""
+    if _current_raw_stream is not None:
+        return _current_raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+@functools.cache
+def build_info() -> dict:
+    """What this build of opforge contains.
+
+    Keys: ``version``; ``cuda`` (bool: were CUDA kernels compiled in); ``cuda_archs`` (list of
+    archs as given to CUDA_ARCH_LIST, e.g. ``["8.0", "9.0a+PTX"]``); ``cuda_version`` (the
+    toolkit that compiled them); ``compiler`` (the host C++ compiler).
+    """
+    info = dict(_C.build_info())
+    archs = info["cuda_archs"]
+    info["cuda_archs"] = [a for a in archs.split(";") if a] if archs else []
+    return info
+
+
+def _arch_runs_on(arch: str, cc: int) -> bool:
+    """Whether code compiled for ``arch`` ("9.0a", "8.0+PTX") runs on compute capability ``cc``."""
+    ptx = arch.endswith("+PTX")
+    name = arch[: -len("+PTX")] if ptx else arch
+    suffix = name[-1] if name[-1] in "af" else ""
+    major, minor = (int(p) for p in name.rstrip("af").split("."))
+    target = major * 10 + minor
+    if ptx and not suffix:
+        return cc >= target  # PTX is JIT-compiled by the driver for any newer GPU
+    if suffix == "a":
+        return cc == target  # arch-specific code runs only on that exact chip
+    if suffix == "f":
+        return cc // 10 == major and cc >= target  # family-specific: same major, newer minor
+    return cc // 10 == major and cc >= target  # SASS: same major, same or newer minor
+
+
+@functools.cache
+def compute_capability(device_index: int) -> int:
+    """Compute capability of a CUDA device as major * 10 + minor (cached; queries the GPU once)."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return major * 10 + minor
+
+
+@functools.cache
+def arch_problem(device_index: int) -> str | None:
+    """Why this build cannot run on ``device_index``, or None when it can (cached per device)."""
+    info = build_info()
+    if not info["cuda"]:
+        return (
+            "this opforge build has no CUDA kernels (built with CUDA_ARCH_LIST=none or without "
+            "nvcc); reinstall with nvcc on PATH and CUDA_ARCH_LIST set, e.g. "
+            'CUDA_ARCH_LIST="9.0a" pip install opforge'
+        )
+    cc = compute_capability(device_index)
+    if any(_arch_runs_on(a, cc) for a in info["cuda_archs"]):
+        return None
+    want = f"{cc // 10}.{cc % 10}" + ("a" if cc >= 90 else "")
+    return (
+        f"built for {';'.join(info['cuda_archs'])}; this GPU (cuda:{device_index}) is "
+        f"{cc // 10}.{cc % 10}; rebuild with CUDA_ARCH_LIST=\"{want}\""
+    )

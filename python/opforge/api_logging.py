@@ -1,0 +1,96 @@
+"""``@opforge_api``: levelled logging of public op calls, controlled by OPFORGE_LOGLEVEL.
+
+At level 0 (the default) the decorator returns the function itself, so a call pays nothing.
+Levels (as in opforge.config): 1 names each call, 3 adds each argument's shape, dtype, device
+and strides, 5 adds value statistics of tensors (which synchronizes the GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+
+import torch
+
+from . import config
+
+_LOGGER_NAME = "opforge.api"
+_handlers: dict[str, logging.Handler] = {}
+
+
+def _logger() -> logging.Logger:
+    """The API logger, pointed at the destination OPFORGE_LOGDEST names right now."""
+    dest = config.log_destination()
+    logger = logging.getLogger(_LOGGER_NAME)
+    handler = _handlers.get(dest)
+    if handler is None:
+        if dest == "stderr":
+            handler = logging.StreamHandler(sys.stderr)
+        elif dest == "stdout":
+            handler = logging.StreamHandler(sys.stdout)
+        else:
+            handler = logging.FileHandler(dest)
+        handler.setFormatter(logging.Formatter("[opforge %(asctime)s] %(message)s"))
+        _handlers[dest] = handler
+    for h in list(logger.handlers):
+        if h is not handler:
+            logger.removeHandler(h)
+    if handler not in logger.handlers:
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return logger
+
+
+def describe(value, level: int) -> str:
+    """One argument as a log line fragment."""
+    if isinstance(value, torch.Tensor):
+        text = (
+            f"Tensor(shape={tuple(value.shape)}, dtype={str(value.dtype).removeprefix('torch.')}, "
+            f"device={value.device}, stride={value.stride()})"
+        )
+        if level >= 5 and value.numel() and (value.is_floating_point() or value.is_complex()):
+            v = value.detach().float()
+            nan = int(torch.isnan(v).sum())
+            finite = v[torch.isfinite(v)]
+            if finite.numel():
+                text += f" min={finite.min().item():.6g} max={finite.max().item():.6g} mean={finite.mean().item():.6g}"
+            text += f" nan={nan}"
+        return text
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(describe(v, level) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return repr(value)
+
+
+def opforge_api(fn=None, *, level: int | None = None):
+    """Decorate a public op. ``level`` overrides OPFORGE_LOGLEVEL (used by tests)."""
+    if fn is None:
+        return functools.partial(opforge_api, level=level)
+    lvl = config.log_level() if level is None else level
+    if lvl <= 0:
+        return fn
+    name = f"opforge.{fn.__name__}"
+
+    @functools.wraps(fn)
+    def logged(*args, **kwargs):
+        log = _logger()
+        if lvl >= 3:
+            parts = [describe(a, lvl) for a in args] + [f"{k}={describe(v, lvl)}" for k, v in kwargs.items()]
+            log.info("%s(%s)", name, ", ".join(parts))
+        else:
+            log.info("%s", name)
+        start = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            log.info("%s raised %s: %s", name, type(exc).__name__, exc)
+            raise
+        if lvl >= 3:
+            ms = (time.perf_counter() - start) * 1e3
+            log.info("%s -> %s (host %.3f ms)", name, describe(result, lvl), ms)
+        return result
+
+    return logged

@@ -1,0 +1,174 @@
+"""Backend and compute-capability requirements for ops: ``@supported_compute_capability`` and
+``@backend_requirement``.
+
+An op decorated with ``backend_requirement`` gets
+
+* a ``skip_check=False`` keyword: ``True`` skips every Python-level check (the compiled
+  bindings still validate everything that could crash);
+* ``backend="auto"`` resolution: ``heuristic_func(backends, *args, **kwargs)`` orders the
+  candidates for this call and the first one whose check passes runs; the op receives the
+  chosen name in ``backend``;
+* ``op.is_backend_supported(name, cc=None)``, ``op.is_compute_capability_supported(cc)``,
+  ``op.has_backend(name)``, ``op.has_backend_choices()`` and ``op.backends``.
+
+Checks take the op's arguments, return True or raise ValueError / TypeError / RuntimeError with
+what is wrong; the decorator prefixes the op's name. Compute capabilities are integers
+(80 for 8.0, 90 for 9.0, 100 for 10.0).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable, Iterable
+
+import torch
+
+from ._ext import compute_capability
+
+_CHECK_ERRORS = (ValueError, TypeError, RuntimeError)
+
+
+class BackendError(ValueError):
+    """No backend can run a call, or an unknown backend was named."""
+
+
+def supported_compute_capability(ccs: Iterable[int]):
+    """Mark a check function with the compute capabilities its backend supports."""
+    supported = frozenset(int(c) for c in ccs)
+
+    def mark(check: Callable) -> Callable:
+        check._opforge_ccs = supported
+        return check
+
+    return mark
+
+
+def _ccs_of(check: Callable | None) -> frozenset | None:
+    return getattr(check, "_opforge_ccs", None) if check is not None else None
+
+
+def _call_cc(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """(device index, compute capability) of the first CUDA tensor argument, if any."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            index = value.get_device()
+            return index, compute_capability(index)
+    return None
+
+
+def _cc_text(cc: int) -> str:
+    return f"{cc // 10}.{cc % 10}"
+
+
+def _with_prefix(exc: Exception, prefix: str) -> Exception:
+    try:
+        return type(exc)(f"{prefix}{exc}")
+    except Exception:  # an exception type with another constructor: keep it as it is
+        return exc
+
+
+def backend_requirement(
+    backend_checks: dict[str, Callable],
+    common_check: Callable | None = None,
+    heuristic_func: Callable | None = None,
+    traced: Callable | None = None,
+):
+    """Enforce per-backend requirements and resolve ``backend="auto"`` (see the module doc).
+
+    ``traced``: what runs instead while torch.compile traces the call (no Python checks there;
+    it should call a registered torch.library op, whose fake implementation validates shapes).
+    """
+    checks = dict(backend_checks)
+    names = tuple(checks)
+
+    def decorate(fn: Callable) -> Callable:
+        op = f"opforge.{fn.__name__}"
+        params = inspect.signature(fn).parameters
+        takes_backend = "backend" in params
+        if checks and not takes_backend:
+            raise TypeError(f"{op}: backend_checks given but the function has no 'backend' parameter")
+        default_backend = params["backend"].default if takes_backend else None
+        if default_backend == "auto" and heuristic_func is None and len(names) > 1:
+            raise TypeError(f"{op}: backend='auto' needs a heuristic_func to order {names}")
+        backend_pos = None
+        if takes_backend and params["backend"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            backend_pos = list(params).index("backend")
+
+        def run_check(check: Callable, label: str, args: tuple, kwargs: dict) -> None:
+            ccs = _ccs_of(check)
+            if ccs is not None:
+                found = _call_cc(args, kwargs)
+                if found is not None and found[1] not in ccs:
+                    index, cc = found
+                    listed = ", ".join(_cc_text(c) for c in sorted(ccs))
+                    raise BackendError(
+                        f"{op}: {label}supports compute capability {listed}; this GPU (cuda:{index}) is {_cc_text(cc)}"
+                    )
+            try:
+                ok = check(*args, **kwargs)
+            except _CHECK_ERRORS as exc:
+                raise _with_prefix(exc, f"{op}: {label}") from None
+            if ok is False:
+                raise BackendError(f"{op}: {label}cannot run this call")
+
+        def resolve(requested, args: tuple, kwargs: dict, run_checks: bool) -> str:
+            if requested != "auto":
+                if requested not in checks:
+                    raise BackendError(f"{op}: unknown backend {requested!r}; accepted: 'auto', " + ", ".join(map(repr, names)))
+                if run_checks:
+                    run_check(checks[requested], f"backend {requested!r} ", args, kwargs)
+                return requested
+            order = heuristic_func(names, *args, **kwargs) if heuristic_func is not None else names
+            if not order:
+                raise BackendError(f"{op}: no backend is suitable for this call")
+            if not run_checks:
+                return order[0]
+            failures = []
+            for name in order:
+                try:
+                    run_check(checks[name], f"backend {name!r} ", args, kwargs)
+                    return name
+                except _CHECK_ERRORS as exc:
+                    failures.append(exc)
+            if len(failures) == 1:
+                raise failures[0]
+            raise BackendError(f"{op}: no backend can run this call: " + "; ".join(str(e) for e in failures))
+
+        @functools.wraps(fn)
+        def wrapper(*args, skip_check=False, **kwargs):
+            if traced is not None and torch.compiler.is_compiling():
+                return traced(*args, **kwargs)
+            if not skip_check and common_check is not None:
+                run_check(common_check, "", args, kwargs)
+            if not checks:
+                return fn(*args, **kwargs)
+            if backend_pos is not None and len(args) > backend_pos:
+                args = list(args)
+                args[backend_pos] = resolve(args[backend_pos], args, kwargs, not skip_check)
+                return fn(*args, **kwargs)
+            kwargs["backend"] = resolve(kwargs.get("backend", default_backend), args, kwargs, not skip_check)
+            return fn(*args, **kwargs)
+
+        def is_backend_supported(backend: str, cc: int | None = None) -> bool:
+            if backend not in checks:
+                return False
+            if cc is None:
+                return True
+            ccs, common = _ccs_of(checks[backend]), _ccs_of(common_check)
+            return (ccs is None or cc in ccs) and (common is None or cc in common)
+
+        def is_compute_capability_supported(cc: int) -> bool:
+            if not checks:
+                common = _ccs_of(common_check)
+                return common is None or cc in common
+            return any(is_backend_supported(b, cc) for b in names)
+
+        wrapper.is_backend_supported = is_backend_supported
+        wrapper.is_compute_capability_supported = is_compute_capability_supported
+        wrapper.has_backend = lambda backend: backend in checks
+        wrapper.has_backend_choices = lambda: len(names) > 1
+        wrapper.backends = names
+        return wrapper
+
+    return decorate

@@ -1,0 +1,86 @@
+"""What every built-in op shares: argument checks that only Python can make, the backend checks
+("cuda", "cpu", "torch"), the heuristic for ``backend="auto"``, and the torch.library namespace.
+
+Shape, dtype, device, stride and aliasing checks live in the compiled bindings (one source of
+truth, microseconds cheaper than Python); the "torch" backend runs them too, without launching.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _ext
+from ..backend import supported_compute_capability
+
+#: Every compute capability CUDA 13 compiles for; whether *this* build has code for the GPU is
+#: checked separately (``_ext.arch_problem``), with the rebuild command in the message.
+CUDA_CCS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)
+
+LIBRARY = "opforge"
+
+
+def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
+    value = args[0] if args else next(iter(kwargs.values()), None)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"the first argument must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_tensors(**named) -> None:
+    """Every argument is a tensor (None allowed where the name ends with '_opt')."""
+    for name, value in named.items():
+        optional = name.endswith("_opt")
+        if value is None and optional:
+            continue
+        if not isinstance(value, torch.Tensor):
+            label = name.removesuffix("_opt")
+            accepted = "a torch.Tensor or None" if optional else "a torch.Tensor"
+            raise TypeError(f"{label} must be {accepted}, got {type(value).__name__}")
+        # Autograd cannot see through the compiled kernels: refuse instead of silently
+        # returning results with no gradient.
+        if value.requires_grad and torch.is_grad_enabled():
+            label = name.removesuffix("_opt")
+            raise ValueError(
+                f"{label} requires grad, but opforge ops have no backward; call under "
+                f"torch.no_grad() / torch.inference_mode() or pass {label}.detach()"
+            )
+
+
+def check_float(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+
+
+@supported_compute_capability(CUDA_CCS)
+def cuda_check(*args, **kwargs) -> bool:
+    t = first_tensor(args, kwargs)
+    if not t.is_cuda:
+        raise ValueError(f"needs CUDA tensors; the input is on {t.device}")
+    problem = _ext.arch_problem(t.get_device())
+    if problem is not None:
+        raise RuntimeError(problem)
+    return True
+
+
+def cpu_check(*args, **kwargs) -> bool:
+    t = first_tensor(args, kwargs)
+    if t.device.type != "cpu":
+        raise ValueError(f"needs CPU tensors; the input is on {t.device}")
+    return True
+
+
+def torch_check(*args, **kwargs) -> bool:
+    return True
+
+
+def native_backend(backends, *args, **kwargs) -> tuple[str, ...]:
+    """``auto`` runs opforge's own kernel for the tensors' device; the plain-PyTorch "torch"
+    backend is only ever used when asked for, never as a silent fallback."""
+    return ("cuda",) if first_tensor(args, kwargs).is_cuda else ("cpu",)
+
+
+BACKEND_CHECKS = {"cuda": cuda_check, "cpu": cpu_check, "torch": torch_check}
+
+
+def stream_of(t: torch.Tensor) -> int:
+    return _ext.cuda_stream(t.get_device()) if t.is_cuda else 0

@@ -1,0 +1,94 @@
+"""Gated activations: silu_and_mul, gelu_and_mul, gelu_tanh_and_mul.
+
+input [..., 2d] holds ``[x, gate]``; out [..., d] = ``act(x) * gate``, computed in fp32 and
+rounded once (cuda/activation.cu, cpp/elementwise.cpp).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import _ext
+from .._ext import to_capsule
+from ..api_logging import opforge_api
+from ..backend import backend_requirement
+from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, stream_of
+
+_C = _ext._C
+
+#: Activation codes understood by the binding, and the fp32 formula each one computes.
+ACTIVATIONS = {
+    "silu": (0, F.silu),
+    "gelu": (1, lambda x: F.gelu(x, approximate="none")),
+    "gelu_tanh": (2, lambda x: F.gelu(x, approximate="tanh")),
+}
+
+
+def act_and_mul_reference(input: torch.Tensor, activation: str) -> torch.Tensor:
+    """Plain-PyTorch fp32 formula (the "torch" backend)."""
+    d = input.shape[-1] // 2
+    x = input.float()
+    return (ACTIVATIONS[activation][1](x[..., :d]) * x[..., d:]).to(input.dtype)
+
+
+def _out_like(input: torch.Tensor) -> torch.Tensor:
+    return torch.empty((*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device)
+
+
+def _run(out, input, activation: str, backend: str) -> None:
+    code = ACTIVATIONS[activation][0]
+    if backend == "torch":
+        _C.act_and_mul(to_capsule(out), to_capsule(input), code, 0, False)  # validate only
+        out.copy_(act_and_mul_reference(input, activation))
+        return
+    _C.act_and_mul(to_capsule(out), to_capsule(input), code, stream_of(input), True)
+
+
+@torch.library.custom_op(f"{LIBRARY}::act_and_mul", mutates_args=("out",))
+def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, activation: str) -> None:
+    _run(out, input, activation, "auto")
+
+
+@_act_and_mul_op.register_fake
+def _act_and_mul_fake(out, input, activation) -> None:
+    if input.shape[-1] % 2 or out.shape != (*input.shape[:-1], input.shape[-1] // 2):
+        raise ValueError(f"opforge {activation}_and_mul: input {tuple(input.shape)} and out {tuple(out.shape)} do not match")
+
+
+def _check(input, out=None, *, backend="auto"):
+    check_tensors(input=input, out_opt=out)
+    return True
+
+
+def _make(activation: str, doc: str):
+    """The public op for one activation (the three differ only in the formula)."""
+
+    def traced(input, out=None, *, backend="auto"):
+        out = _out_like(input) if out is None else out
+        _act_and_mul_op(out, input, activation)
+        return out
+
+    @backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced)
+    def op(input: torch.Tensor, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
+        out = _out_like(input) if out is None else out
+        _run(out, input, activation, backend)
+        return out
+
+    op.__name__ = op.__qualname__ = f"{activation}_and_mul"
+    op.__doc__ = doc
+    op.__wrapped__.__name__ = op.__name__
+    return opforge_api(op)
+
+
+_DOC = """``out = {formula} * input[..., d:]`` for input [..., 2d] -> out [..., d].
+
+input: fp16/bf16/fp32, CUDA or CPU, rows may be strided (last dim contiguous). out: optional
+preallocated [..., d] result (must not overlap input). backend: "auto", "cuda", "cpu", "torch".
+"""
+
+silu_and_mul = _make("silu", _DOC.format(formula="silu(input[..., :d])"))
+gelu_and_mul = _make("gelu", _DOC.format(formula="gelu(input[..., :d]) (erf form)"))
+gelu_tanh_and_mul = _make("gelu_tanh", _DOC.format(formula="gelu(input[..., :d], approximate='tanh')"))

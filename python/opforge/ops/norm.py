@@ -1,0 +1,189 @@
+"""RMSNorm family: rmsnorm, fused_add_rmsnorm and their Gemma forms (weight applied as 1 + w).
+
+One compiled kernel serves all four (cuda/norm.cu, cpp/norm.cpp). Math is fp32; results are
+rounded to the input dtype once, round-to-nearest-even.
+
+fused_add_rmsnorm computes, per row, in fp32::
+
+    s            = input + residual                  (unrounded fp32 sum)
+    residual_out = round(s)                          (the new residual stream)
+    out          = round(s * rsqrt(mean(s * s) + eps) * weight)
+
+so the norm sees the *unrounded* sum, not ``residual_out``. Passing ``out=input,
+residual_out=residual`` updates both in place, as serving engines do.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _ext
+from .._ext import to_capsule
+from ..api_logging import opforge_api
+from ..backend import backend_requirement
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, stream_of
+
+_C = _ext._C
+
+
+def _capsule_or_none(t):
+    return None if t is None else to_capsule(t)
+
+
+def _launch(out, input, residual, residual_out, weight, eps, gemma, launch=True):
+    # The bindings validate shapes, dtypes, devices, strides and aliasing before anything runs.
+    _C.norm(
+        to_capsule(out),
+        to_capsule(input),
+        _capsule_or_none(residual),
+        _capsule_or_none(residual_out),
+        to_capsule(weight),
+        eps,
+        gemma,
+        stream_of(input) if launch else 0,
+        launch,
+    )
+
+
+def norm_reference(input, weight, eps, gemma=False, residual=None):
+    """Plain-PyTorch fp32 formula (the "torch" backend); returns (out, residual_out or None)."""
+    s = input.float()
+    if residual is not None:
+        s = s + residual.float()
+    rstd = torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)
+    w = weight.float() + 1.0 if gemma else weight.float()
+    out = (s * rstd * w).to(input.dtype)
+    return out, (s.to(input.dtype) if residual is not None else None)
+
+
+def _run(out, input, residual, residual_out, weight, eps, gemma, backend):
+    if backend == "torch":
+        _launch(out, input, residual, residual_out, weight, eps, gemma, launch=False)
+        ref_out, ref_res = norm_reference(input, weight, eps, gemma, residual)
+        if ref_res is not None:
+            residual_out.copy_(ref_res)
+        out.copy_(ref_out)
+        return
+    _launch(out, input, residual, residual_out, weight, eps, gemma)
+
+
+# --- torch.library registration: how torch.compile and CUDA graphs see the ops ---------------
+
+
+@torch.library.custom_op(f"{LIBRARY}::norm", mutates_args=("out", "residual_out"))
+def _norm_op(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    residual_out: Optional[torch.Tensor],
+    weight: torch.Tensor,
+    eps: float,
+    gemma: bool,
+) -> None:
+    _launch(out, input, residual, residual_out, weight, eps, gemma)
+
+
+@_norm_op.register_fake
+def _norm_fake(out, input, residual, residual_out, weight, eps, gemma) -> None:
+    if input.shape != out.shape or weight.shape != input.shape[-1:]:
+        raise ValueError(
+            f"opforge norm: input {tuple(input.shape)}, weight {tuple(weight.shape)} and out "
+            f"{tuple(out.shape)} do not match"
+        )
+
+
+def _traced_norm(gemma: bool):
+    def traced(input, weight, eps=1e-6, out=None, *, backend="auto"):
+        out = torch.empty_like(input) if out is None else out
+        _norm_op(out, input, None, None, weight, float(eps), gemma)
+        return out
+
+    return traced
+
+
+def _traced_add_norm(gemma: bool):
+    def traced(input, residual, weight, eps=1e-6, out=None, residual_out=None, *, backend="auto"):
+        out = torch.empty_like(input) if out is None else out
+        residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+        _norm_op(out, input, residual, residual_out, weight, float(eps), gemma)
+        return out, residual_out
+
+    return traced
+
+
+# --- public API ----------------------------------------------------------------------------
+
+
+def _check_norm(input, weight, eps=1e-6, out=None, *, backend="auto"):
+    check_tensors(input=input, weight=weight, out_opt=out)
+    check_float("eps", eps)
+    return True
+
+
+def _check_add_norm(input, residual, weight, eps=1e-6, out=None, residual_out=None, *, backend="auto"):
+    check_tensors(input=input, residual=residual, weight=weight, out_opt=out, residual_out_opt=residual_out)
+    check_float("eps", eps)
+    return True
+
+
+def _requirement(check, traced):
+    return backend_requirement(BACKEND_CHECKS, common_check=check, heuristic_func=native_backend, traced=traced)
+
+
+@opforge_api
+@_requirement(_check_norm, _traced_norm(False))
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None, *,
+            backend: str = "auto") -> torch.Tensor:
+    """RMSNorm over the last dimension: ``out = input * rsqrt(mean(input^2) + eps) * weight``.
+
+    input: [..., hidden] fp16/bf16/fp32, CUDA or CPU; rows may be strided (last dim contiguous).
+    weight: [hidden], same dtype and device. out: optional preallocated result (may be input).
+    backend: "auto" (the kernel for the tensors' device), "cuda", "cpu" or "torch" (plain
+    PyTorch). skip_check=True skips the Python-level checks.
+
+    >>> y = opforge.rmsnorm(x, w)                  # new tensor
+    >>> opforge.rmsnorm(x, w, out=x)               # in place
+    """
+    out = torch.empty_like(input) if out is None else out
+    _run(out, input, None, None, weight, float(eps), False, backend)
+    return out
+
+
+@opforge_api
+@_requirement(_check_norm, _traced_norm(True))
+def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None, *,
+                  backend: str = "auto") -> torch.Tensor:
+    """Gemma's RMSNorm: like :func:`rmsnorm` with the weight applied as ``(1 + weight)``."""
+    out = torch.empty_like(input) if out is None else out
+    _run(out, input, None, None, weight, float(eps), True, backend)
+    return out
+
+
+@opforge_api
+@_requirement(_check_add_norm, _traced_add_norm(False))
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                      out: Optional[torch.Tensor] = None, residual_out: Optional[torch.Tensor] = None, *,
+                      backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add fused with RMSNorm; returns ``(out, residual_out)``.
+
+    ``residual_out = round(input + residual)`` and ``out`` is the RMSNorm of the *unrounded*
+    fp32 sum (see the module doc). ``out=input, residual_out=residual`` works in place.
+    """
+    out = torch.empty_like(input) if out is None else out
+    residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+    _run(out, input, residual, residual_out, weight, float(eps), False, backend)
+    return out, residual_out
+
+
+@opforge_api
+@_requirement(_check_add_norm, _traced_add_norm(True))
+def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                            out: Optional[torch.Tensor] = None, residual_out: Optional[torch.Tensor] = None, *,
+                            backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_add_rmsnorm` with the weight applied as ``(1 + weight)``."""
+    out = torch.empty_like(input) if out is None else out
+    residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+    _run(out, input, residual, residual_out, weight, float(eps), True, backend)
+    return out, residual_out

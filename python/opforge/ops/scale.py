@@ -1,0 +1,66 @@
+"""scale: ``out = x * factor`` in fp32, rounded once to x's dtype (cuda/scale.cu, cpp/elementwise.cpp)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _ext
+from .._ext import to_capsule
+from ..api_logging import opforge_api
+from ..backend import backend_requirement
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, stream_of
+
+_C = _ext._C
+
+
+def scale_reference(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """Plain-PyTorch formula (the "torch" backend)."""
+    return (x.float() * factor).to(x.dtype)
+
+
+def _run(out, x, factor: float, backend: str) -> None:
+    # The binding sees rows of the last dimension; a 0-d tensor is one row of one element.
+    xv, ov = (x.reshape(1), out.reshape(1)) if x.dim() == 0 and out.dim() == 0 else (x, out)
+    if backend == "torch":
+        _C.scale(to_capsule(ov), to_capsule(xv), factor, 0, False)  # validate only
+        out.copy_(scale_reference(x, factor))
+        return
+    _C.scale(to_capsule(ov), to_capsule(xv), factor, stream_of(x), True)
+
+
+@torch.library.custom_op(f"{LIBRARY}::scale", mutates_args=("out",))
+def _scale_op(out: torch.Tensor, x: torch.Tensor, factor: float) -> None:
+    _run(out, x, factor, "auto")
+
+
+@_scale_op.register_fake
+def _scale_fake(out, x, factor) -> None:
+    if out.shape != x.shape:
+        raise ValueError(f"opforge.scale: x {tuple(x.shape)} and out {tuple(out.shape)} do not match")
+
+
+def _traced(x, factor, out=None, *, backend="auto"):
+    out = torch.empty_like(x) if out is None else out
+    _scale_op(out, x, float(factor))
+    return out
+
+
+def _check(x, factor, out=None, *, backend="auto"):
+    check_tensors(x=x, out_opt=out)
+    check_float("factor", factor)
+    return True
+
+
+@opforge_api
+@backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=_traced)
+def scale(x: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
+    """Element-wise ``out = x * factor`` (fp32 math, one rounding), any shape whose rows are
+    evenly strided with a contiguous last dimension. out may be x (in place).
+
+    >>> y = opforge.scale(x, 0.5)
+    """
+    out = torch.empty_like(x) if out is None else out
+    _run(out, x, float(factor), backend)
+    return out
