@@ -51,11 +51,11 @@ void run_cpu(const Params& p, int64_t elems, F&& f) {
 
 void scale(Array out, Array input, double factor, uintptr_t stream, bool launch) {
   const OpContext ctx{"scale"};
-  const RowView x = row_view(ctx, input, "input");  // opforge.scale passes 0-d tensors as shape (1,)
+  const RowView x = row_view(ctx, input, "x");
   check_device_supported(ctx, x);
   const RowView o = row_view(ctx, out, "out");
   check_same_dtype_device(ctx, x, o);
-  check_same_shape(ctx, input, "input", out, "out");
+  check_same_shape(ctx, input, "x", out, "out");
   check_writable_rows(ctx, o);
   check_alias(ctx, o, x, true);
 
@@ -90,6 +90,7 @@ void act_and_mul(Array out, Array input, int act_code, uintptr_t stream, bool la
   if (act_code < 0 || act_code > 2) throw_value_error("opforge: unknown activation code " + std::to_string(act_code));
   const auto act = static_cast<Activation>(act_code);
   const OpContext ctx{act_op_name(act)};
+  check_has_rows(ctx, input, "input");
   const RowView x = row_view(ctx, input, "input");
   check_device_supported(ctx, x);
   if (x.cols % 2 != 0) {

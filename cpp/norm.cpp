@@ -51,6 +51,7 @@ const char* norm_op_name(bool add, bool gemma) {
 void norm(Array out, Array input, std::optional<Array> residual, std::optional<Array> residual_out, Array weight,
           double eps, bool gemma, uintptr_t stream, bool launch) {
   const OpContext ctx{norm_op_name(residual.has_value(), gemma)};
+  check_has_rows(ctx, input, "input");
   const RowView x = row_view(ctx, input, "input");
   check_device_supported(ctx, x);
   const RowView w = row_view(ctx, weight, "weight");

@@ -74,9 +74,10 @@ RowView row_view(const OpContext& ctx, const Array& a, const char* name) {
   v.device_type = a.device_type();
   v.device_id = a.device_id();
   const size_t nd = a.ndim();
-  if (nd == 0) {
-    throw_value_error(std::string("opforge.") + ctx.op + ": " + name +
-                      " is a 0-d tensor; it needs at least one dimension (the hidden size)");
+  if (nd == 0) {  // a scalar tensor: one row of one element
+    v.rows = v.cols = v.row_stride = 1;
+    v.data = const_cast<void*>(a.data());
+    return v;
   }
   v.cols = a.shape(nd - 1);
   if (v.cols > 1 && a.stride(nd - 1) != 1) {
@@ -169,6 +170,13 @@ void check_device_supported(const OpContext& ctx, const RowView& v) {
   }
   throw_value_error(std::string("opforge.") + ctx.op + ": " + v.name + " is on " +
                     device_string(v.device_type, v.device_id) + "; accepted: cpu or cuda tensors");
+}
+
+void check_has_rows(const OpContext& ctx, const Array& a, const char* name) {
+  if (a.ndim() == 0) {
+    throw_value_error(std::string("opforge.") + ctx.op + ": " + name +
+                      " is a 0-d tensor; it needs at least one dimension (the hidden size)");
+  }
 }
 
 void check_launch(const OpContext& ctx, int err, int device) {

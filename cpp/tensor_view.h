@@ -49,8 +49,8 @@ std::string dtype_name(nb::dlpack::dtype dt);
 std::string shape_string(const Array& a);
 std::string device_string(int device_type, int device_id);
 
-// Checks dtype (fp16/bf16/fp32), device kind, a contiguous last dimension and that the leading
-// dimensions collapse into one row stride; then returns the row view.
+// Checks dtype (fp16/bf16/fp32), a contiguous last dimension and that the leading dimensions
+// collapse into one row stride; then returns the row view (a 0-d tensor is one 1-element row).
 RowView row_view(const OpContext& ctx, const Array& a, const char* name);
 
 // `b` must have `a`'s dtype and device (ctx names both arguments in the error).
@@ -67,6 +67,9 @@ void check_alias(const OpContext& ctx, const RowView& out, const RowView& in, bo
 
 // Refuses CUDA arrays in a build without CUDA, and unknown device kinds.
 void check_device_supported(const OpContext& ctx, const RowView& v);
+
+// Ops that work on rows of a hidden dimension refuse 0-d tensors.
+void check_has_rows(const OpContext& ctx, const Array& a, const char* name);
 
 // Turns a launcher's cudaError_t value into opforge.CudaError naming the op (and, for a missing
 // kernel image, the archs this build has and how to rebuild).

@@ -27,6 +27,7 @@ import torch
 from ._ext import compute_capability
 
 _CHECK_ERRORS = (ValueError, TypeError, RuntimeError)
+_is_compiling = torch.compiler.is_compiling
 
 
 class BackendError(ValueError):
@@ -73,8 +74,13 @@ def backend_requirement(
     common_check: Callable | None = None,
     heuristic_func: Callable | None = None,
     traced: Callable | None = None,
+    auto_by_device: bool = False,
 ):
     """Enforce per-backend requirements and resolve ``backend="auto"`` (see the module doc).
+
+    ``auto_by_device``: the heuristic and the checks of the backends it returns depend only on
+    the device of the first argument (a tensor), so the ``auto`` choice is made once per device
+    and reused; explicit backends are still checked on every call.
 
     ``traced``: what runs instead while torch.compile traces the call (no Python checks there;
     it should call a registered torch.library op, whose fake implementation validates shapes).
@@ -95,8 +101,11 @@ def backend_requirement(
         if takes_backend and params["backend"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
             backend_pos = list(params).index("backend")
 
+        # Read once here: the call path below runs on every op call and must stay lean.
+        ccs_of = {check: _ccs_of(check) for check in (*checks.values(), common_check) if check is not None}
+
         def run_check(check: Callable, label: str, args: tuple, kwargs: dict) -> None:
-            ccs = _ccs_of(check)
+            ccs = ccs_of[check]
             if ccs is not None:
                 found = _call_cc(args, kwargs)
                 if found is not None and found[1] not in ccs:
@@ -135,19 +144,42 @@ def backend_requirement(
                 raise failures[0]
             raise BackendError(f"{op}: no backend can run this call: " + "; ".join(str(e) for e in failures))
 
+        common_plain = common_check is not None and ccs_of[common_check] is None
+        auto_choice: dict[int, str] = {}  # device index (-1: CPU) -> backend auto chose there
+
         @functools.wraps(fn)
         def wrapper(*args, skip_check=False, **kwargs):
-            if traced is not None and torch.compiler.is_compiling():
+            # This runs on every call of an op: keep it flat (each Python call costs ~0.1 us).
+            if traced is not None and _is_compiling():
                 return traced(*args, **kwargs)
             if not skip_check and common_check is not None:
-                run_check(common_check, "", args, kwargs)
+                if common_plain:
+                    try:
+                        common_check(*args, **kwargs)
+                    except _CHECK_ERRORS as exc:
+                        raise _with_prefix(exc, f"{op}: ") from None
+                else:
+                    run_check(common_check, "", args, kwargs)
             if not checks:
                 return fn(*args, **kwargs)
             if backend_pos is not None and len(args) > backend_pos:
                 args = list(args)
                 args[backend_pos] = resolve(args[backend_pos], args, kwargs, not skip_check)
                 return fn(*args, **kwargs)
-            kwargs["backend"] = resolve(kwargs.get("backend", default_backend), args, kwargs, not skip_check)
+            requested = kwargs.get("backend", default_backend)
+            if requested == "auto" and auto_by_device and args and not skip_check:
+                first = args[0]
+                device = None  # only CPU (-1) and CUDA (index) choices are remembered
+                if isinstance(first, torch.Tensor) and (first.is_cuda or first.is_cpu):
+                    device = first.get_device()
+                chosen = auto_choice.get(device)
+                if chosen is None:
+                    chosen = resolve(requested, args, kwargs, True)
+                    if device is not None:
+                        auto_choice[device] = chosen
+                kwargs["backend"] = chosen
+                return fn(*args, **kwargs)
+            kwargs["backend"] = resolve(requested, args, kwargs, not skip_check)
             return fn(*args, **kwargs)
 
         def is_backend_supported(backend: str, cc: int | None = None) -> bool:

@@ -18,6 +18,9 @@ CUDA_CCS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)
 
 LIBRARY = "opforge"
 
+Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+
 
 def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     value = args[0] if args else next(iter(kwargs.values()), None)
@@ -26,24 +29,30 @@ def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
     return value
 
 
-def check_tensors(**named) -> None:
-    """Every argument is a tensor (None allowed where the name ends with '_opt')."""
-    for name, value in named.items():
-        optional = name.endswith("_opt")
-        if value is None and optional:
-            continue
-        if not isinstance(value, torch.Tensor):
-            label = name.removesuffix("_opt")
-            accepted = "a torch.Tensor or None" if optional else "a torch.Tensor"
-            raise TypeError(f"{label} must be {accepted}, got {type(value).__name__}")
-        # Autograd cannot see through the compiled kernels: refuse instead of silently
-        # returning results with no gradient.
-        if value.requires_grad and torch.is_grad_enabled():
-            label = name.removesuffix("_opt")
-            raise ValueError(
-                f"{label} requires grad, but opforge ops have no backward; call under "
-                f"torch.no_grad() / torch.inference_mode() or pass {label}.detach()"
-            )
+def _type_error(name: str, value, optional: bool) -> TypeError:
+    accepted = "a torch.Tensor or None" if optional else "a torch.Tensor"
+    return TypeError(f"{name} must be {accepted}, got {type(value).__name__}")
+
+
+def check_tensors(names: tuple[str, ...], values: tuple, required: int) -> None:
+    """The first ``required`` values are tensors, the rest tensors or None, and none needs grad.
+
+    Written for the call path: a loop over a tuple, no allocation when all is well.
+    """
+    i = 0
+    for value in values:
+        if not isinstance(value, Tensor) and (i < required or value is not None):
+            raise _type_error(names[i], value, i >= required)
+        i += 1
+    # Autograd cannot see through the compiled kernels: refuse instead of silently returning
+    # results with no gradient.
+    if _grad_enabled():
+        for i, value in enumerate(values):
+            if value is not None and value.requires_grad:
+                raise ValueError(
+                    f"{names[i]} requires grad, but opforge ops have no backward; call under "
+                    f"torch.no_grad() / torch.inference_mode() or pass {names[i]}.detach()"
+                )
 
 
 def check_float(name: str, value) -> None:
@@ -64,7 +73,7 @@ def cuda_check(*args, **kwargs) -> bool:
 
 def cpu_check(*args, **kwargs) -> bool:
     t = first_tensor(args, kwargs)
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"needs CPU tensors; the input is on {t.device}")
     return True
 
@@ -73,10 +82,13 @@ def torch_check(*args, **kwargs) -> bool:
     return True
 
 
+_CUDA_FIRST, _CPU_FIRST = ("cuda",), ("cpu",)
+
+
 def native_backend(backends, *args, **kwargs) -> tuple[str, ...]:
     """``auto`` runs opforge's own kernel for the tensors' device; the plain-PyTorch "torch"
     backend is only ever used when asked for, never as a silent fallback."""
-    return ("cuda",) if first_tensor(args, kwargs).is_cuda else ("cpu",)
+    return _CUDA_FIRST if first_tensor(args, kwargs).is_cuda else _CPU_FIRST
 
 
 BACKEND_CHECKS = {"cuda": cuda_check, "cpu": cpu_check, "torch": torch_check}

@@ -58,8 +58,11 @@ def _act_and_mul_fake(out, input, activation) -> None:
         raise ValueError(f"opforge {activation}_and_mul: input {tuple(input.shape)} and out {tuple(out.shape)} do not match")
 
 
+_ARGS = ("input", "out")
+
+
 def _check(input, out=None, *, backend="auto"):
-    check_tensors(input=input, out_opt=out)
+    check_tensors(_ARGS, (input, out), 1)
     return True
 
 
@@ -71,7 +74,8 @@ def _make(activation: str, doc: str):
         _act_and_mul_op(out, input, activation)
         return out
 
-    @backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced)
+    @backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced,
+                         auto_by_device=True)
     def op(input: torch.Tensor, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
         out = _out_like(input) if out is None else out
         _run(out, input, activation, backend)

@@ -116,20 +116,25 @@ def _traced_add_norm(gemma: bool):
 # --- public API ----------------------------------------------------------------------------
 
 
+_NORM_ARGS = ("input", "weight", "out")
+_ADD_NORM_ARGS = ("input", "residual", "weight", "out", "residual_out")
+
+
 def _check_norm(input, weight, eps=1e-6, out=None, *, backend="auto"):
-    check_tensors(input=input, weight=weight, out_opt=out)
+    check_tensors(_NORM_ARGS, (input, weight, out), 2)
     check_float("eps", eps)
     return True
 
 
 def _check_add_norm(input, residual, weight, eps=1e-6, out=None, residual_out=None, *, backend="auto"):
-    check_tensors(input=input, residual=residual, weight=weight, out_opt=out, residual_out_opt=residual_out)
+    check_tensors(_ADD_NORM_ARGS, (input, residual, weight, out, residual_out), 3)
     check_float("eps", eps)
     return True
 
 
 def _requirement(check, traced):
-    return backend_requirement(BACKEND_CHECKS, common_check=check, heuristic_func=native_backend, traced=traced)
+    return backend_requirement(BACKEND_CHECKS, common_check=check, heuristic_func=native_backend, traced=traced,
+                               auto_by_device=True)
 
 
 @opforge_api

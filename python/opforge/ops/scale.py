@@ -21,13 +21,11 @@ def scale_reference(x: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def _run(out, x, factor: float, backend: str) -> None:
-    # The binding sees rows of the last dimension; a 0-d tensor is one row of one element.
-    xv, ov = (x.reshape(1), out.reshape(1)) if x.dim() == 0 and out.dim() == 0 else (x, out)
     if backend == "torch":
-        _C.scale(to_capsule(ov), to_capsule(xv), factor, 0, False)  # validate only
+        _C.scale(to_capsule(out), to_capsule(x), factor, 0, False)  # validate only
         out.copy_(scale_reference(x, factor))
         return
-    _C.scale(to_capsule(ov), to_capsule(xv), factor, stream_of(x), True)
+    _C.scale(to_capsule(out), to_capsule(x), factor, stream_of(x), True)
 
 
 @torch.library.custom_op(f"{LIBRARY}::scale", mutates_args=("out",))
@@ -47,14 +45,18 @@ def _traced(x, factor, out=None, *, backend="auto"):
     return out
 
 
+_ARGS = ("x", "out")
+
+
 def _check(x, factor, out=None, *, backend="auto"):
-    check_tensors(x=x, out_opt=out)
+    check_tensors(_ARGS, (x, out), 1)
     check_float("factor", factor)
     return True
 
 
 @opforge_api
-@backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=_traced)
+@backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=_traced,
+                     auto_by_device=True)
 def scale(x: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
     """Element-wise ``out = x * factor`` (fp32 math, one rounding), any shape whose rows are
     evenly strided with a contiguous last dimension. out may be x (in place).
