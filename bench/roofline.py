@@ -283,12 +283,12 @@ def decode_table(rows):
         return ""
     cols = sorted({k for r in rows for k in r["decode"]["host_loop_us"]},
                   key=lambda k: (not k.startswith("opforge"), k))
-    head = ["op", "rows×hidden"] + [f"{c} host" for c in cols] + [f"{c} graph" for c in cols]
+    head = ["op", "rows×hidden", "dtype"] + [f"{c} host" for c in cols] + [f"{c} graph" for c in cols]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         d = r["decode"]
         cells = [fmt(d["host_loop_us"].get(c)) for c in cols] + [fmt(d["graph_us"].get(c), 2) for c in cols]
-        out.append(f"| {r['op']} | {r['rows']}×{r['hidden']} | " + " | ".join(cells) + " |")
+        out.append(f"| {r['op']} | {r['rows']}×{r['hidden']} | {r['dtype']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The CPU check that CI runs (via .ci/run) on a fresh clone: install, build with CUDA for one
+# arch (so every .cu file compiles), confirm the build, run the tests and the benchmark suite in
+# its quick CPU mode. No GPU needed; GPU tests skip themselves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
+
+step "dependencies"
+# torch's CPU build (the CUDA wheels are several GB and no GPU is here); then the test tools.
+$PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
+$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" numpy
+
+step "build (CUDA_ARCH_LIST=${CUDA_ARCH_LIST:-9.0a})"
+start=$(date +%s)
+CUDA_ARCH_LIST=${CUDA_ARCH_LIST:-9.0a} OPFORGE_REQUIRE_CUDA=1 $PY -m pip install -q .
+echo "build + install: $(( $(date +%s) - start )) s"
+wheel_size=$(du -k "$($PY -c 'import opforge._C as c; print(c.__file__)')" | cut -f1)
+echo "extension size: ${wheel_size} KiB"
+
+step "build info"
+$PY - <<'PY'
+import opforge
+info = opforge.build_info()
+print(info)
+assert info["cuda"], "the CI build must contain CUDA kernels"
+assert info["cuda_archs"], info
+PY
+
+step "tests"
+# python/ is not on sys.path here, so the tests import the installed package and its extension.
+$PY -m pytest tests -q -p no:cacheprovider
+
+step "benchmarks (quick CPU mode)"
+OPFORGE_BENCH_QUICK=1 $PY -m pytest bench -q -p no:cacheprovider
+$PY bench/roofline.py --dry-run

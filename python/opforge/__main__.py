@@ -1,0 +1,57 @@
+"""``python -m opforge``: what this build contains, and a self-check of every op on every device
+here against the plain-PyTorch reference (exit status 1 if any op disagrees)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+import opforge
+from opforge.ops.activation import act_and_mul_reference
+from opforge.ops.norm import norm_reference
+from opforge.ops.scale import scale_reference
+
+_TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def _cases(device: str, dtype: torch.dtype):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(7, 4096, device=device, dtype=dtype, generator=g)
+    r = torch.randn(7, 4096, device=device, dtype=dtype, generator=g)
+    w = torch.randn(4096, device=device, dtype=dtype, generator=g)
+    yield "scale", opforge.scale(x, 0.5), scale_reference(x, 0.5)
+    yield "rmsnorm", opforge.rmsnorm(x, w), norm_reference(x, w, 1e-6)[0]
+    yield "gemma_rmsnorm", opforge.gemma_rmsnorm(x, w), norm_reference(x, w, 1e-6, gemma=True)[0]
+    out, res = opforge.fused_add_rmsnorm(x, r, w)
+    ref_out, ref_res = norm_reference(x, w, 1e-6, residual=r)
+    yield "fused_add_rmsnorm", torch.cat([out, res]), torch.cat([ref_out, ref_res])
+    out, res = opforge.gemma_fused_add_rmsnorm(x, r, w)
+    ref_out, ref_res = norm_reference(x, w, 1e-6, gemma=True, residual=r)
+    yield "gemma_fused_add_rmsnorm", torch.cat([out, res]), torch.cat([ref_out, ref_res])
+    for act in ("silu", "gelu", "gelu_tanh"):
+        yield f"{act}_and_mul", getattr(opforge, f"{act}_and_mul")(x), act_and_mul_reference(x, act)
+
+
+def main() -> int:
+    info = opforge.build_info()
+    print(json.dumps(info, indent=2))
+    devices = ["cpu"]
+    if info["cuda"] and torch.cuda.is_available():
+        devices.append("cuda")
+    failed = 0
+    with torch.inference_mode():
+        for device in devices:
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for name, got, want in _cases(device, dtype):
+                    err = ((got.float() - want.float()).abs() / (want.float().abs() + 1)).max().item()
+                    ok = err <= _TOL[dtype]
+                    failed += not ok
+                    print(f"{'ok  ' if ok else 'FAIL'} {name:<24} {device:<5} {str(dtype)[6:]:<9} max rel err {err:.2e}")
+    print(f"{'all ops agree with the reference' if not failed else f'{failed} checks FAILED'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
