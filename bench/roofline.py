@@ -229,6 +229,19 @@ def run_case(op, rows, hidden, dt, ctx):
     return row
 
 
+def tiny_torch_floor(ctx):
+    """One tiny torch kernel (torch.mul(out=) on 1x4096 bf16) timed every way: the
+    floor each decode number should be read against, measured in the same run."""
+    a = torch.randn(1, 4096, device=ctx.device).to(torch.bfloat16)
+    o = torch.empty_like(a)
+    fn = lambda x, y: torch.mul(x, 1.0, out=y)  # noqa: E731
+    res = {"event_us": safe(timing.device_time_us, fn, [(a, o)], ctx.cuda, ctx.target_s),
+           "host_loop_us": safe(timing.host_loop_us, fn, (a, o), ctx.cuda)}
+    if ctx.cuda:
+        res["graph_us"] = safe(timing.graph_replay_us, fn, (a, o))
+    return res
+
+
 def cpu16_overhead():
     """Host cost of the public op on 16-element CPU tensors (target: <= torch.mul(out=))."""
     import opforge
@@ -298,15 +311,20 @@ def cpu16_table(res):
 
 
 def render(results):
-    m = results["meta"]
-    head = (f"opforge roofline — {m.get('gpu', 'CPU (dry run)')}, torch {m['torch']}, commit {m['commit']}, "
-            f"{m['time_utc']}\n\ncopy ceiling: {fmt(results['copy_gbps'], 0)} GB/s "
-            f"(2 GiB device-to-device, read + write)\n")
+    m, f = results["meta"], results["tiny_torch_floor"]
+    head = (f"# opforge roofline — {m.get('gpu', 'CPU (dry run)')}\n\n"
+            f"torch {m['torch']}, commit {m['commit']}, {m['time_utc']}, "
+            f"{'dry' if m['dry_run'] else 'quick' if m['quick'] else 'full'} run\n\ncopy ceiling: {fmt(results['copy_gbps'], 0)} GB/s "
+            f"(2 GiB device-to-device, read + write)\n\n"
+            f"tiny torch kernel (torch.mul out=, 1×4096): {fmt(f.get('event_us'))} µs by events, "
+            f"{fmt(f.get('host_loop_us'))} µs per call in a host loop, "
+            f"{fmt(f.get('graph_us'), 2)} µs per call in a CUDA graph\n")
     parts = [head,
              "## Decode sizes: µs per call (host = N calls then one sync; graph = CUDA-graph replay)\n",
              decode_table(results["cases"]),
              "\n## Host overhead on CPU tensors\n", cpu16_table(results["cpu16_overhead_us"]),
-             "\n## Device time (CUDA events, median; GB/s from each op's byte formula)\n",
+             "\n## Device time (CUDA events, median; % of the copy ceiling from each op's byte formula; "
+             "peer/opforge > 1: opforge faster)\n",
              summary_table(results["cases"])]
     return "\n".join(parts) + "\n"
 
@@ -320,30 +338,46 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="fewer sizes and shorter timings (< 1.5 min)")
     p.add_argument("--dry-run", action="store_true", help="run every path on tiny CPU tensors; times mean nothing")
     p.add_argument("--ops", help="comma-separated subset of ops")
+    p.add_argument("--render", metavar="JSON", help="only re-render the tables of a saved results file")
     return p.parse_args(argv)
 
 
-def write(results, args):
-    if args.out:
-        with open(args.out, "w") as f:
+def write(results, out=None, markdown=None):
+    if out:
+        with open(out, "w") as f:
             json.dump(results, f, indent=1, default=str)
-        print(f"wrote {args.out}")
-    if args.markdown:
-        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
-        with open(args.markdown, "w") as f:
+        print(f"wrote {out}")
+    if markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(markdown)), exist_ok=True)
+        with open(markdown, "w") as f:
             f.write(render(results))
-        print(f"wrote {args.markdown}")
+        print(f"wrote {markdown}")
+
+
+def progress(t0, row):
+    o = row["impls"]["opforge"]
+    got = f"{fmt(o['us'])} us" if o["status"] == "ok" else f"{o['status']} {o.get('error', '')}"
+    print(f"[{time.time() - t0:6.1f}s] {row['op']} {row['rows']}x{row['hidden']} {row['dtype']}: opforge {got}",
+          flush=True)
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+        write(results, markdown=args.markdown)
+        print(render(results))
+        return 0
+    only = set(args.ops.split(",")) if args.ops else None
+    if only and not only <= set(SPEC):
+        sys.exit(f"unknown ops: {sorted(only - set(SPEC))}; known: {sorted(SPEC)}")
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:
         note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
         print(note)
         if args.out:
-            write({"meta": collect_meta(args, False), "note": note, "cases": []}, argparse.Namespace(
-                out=args.out, markdown=None))
+            write({"meta": collect_meta(args, False), "note": note, "cases": []}, out=args.out)
         return 0
     t0 = time.time()
     meta = collect_meta(args, cuda)
@@ -354,17 +388,14 @@ def main(argv=None):
     plan = DRY_PLAN if args.dry_run else (QUICK_PLAN if args.quick else FULL_PLAN)
     cases = []
     with torch.no_grad():
-        for op, rows, hidden, dt in expand(plan, args.ops and set(args.ops.split(","))):
+        for op, rows, hidden, dt in expand(plan, only):
             cases.append(run_case(op, rows, hidden, dt, ctx))
-            o = cases[-1]["impls"]["opforge"]
-            print(f"[{time.time() - t0:6.1f}s] {op} {rows}x{hidden} {dt}: opforge "
-                  f"{fmt(o.get('us')) + ' us' if o['status'] == 'ok' else o['status'] + ' ' + o.get('error', '')}",
-                  flush=True)
+            progress(t0, cases[-1])
     results = {"meta": meta, "copy_gbps": ctx.copy_gbps, "liger_errors": ctx.liger_errors,
-               "cases": cases, "cpu16_overhead_us": cpu16_overhead(),
+               "cases": cases, "tiny_torch_floor": tiny_torch_floor(ctx), "cpu16_overhead_us": cpu16_overhead(),
                "byte_formulas": {s.name: s.bytes_formula for s in opspecs.SPECS},
                "wall_s": round(time.time() - t0, 1)}
-    write(results, args)
+    write(results, args.out, args.markdown)
     print()
     print(render(results), flush=True)
     print(f"total {results['wall_s']} s")
