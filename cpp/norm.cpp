@@ -49,7 +49,7 @@ const char* norm_op_name(bool add, bool gemma) {
 }
 
 void norm(Array out, Array input, std::optional<Array> residual, std::optional<Array> residual_out, Array weight,
-          double eps, bool gemma, uintptr_t stream, bool launch) {
+          double eps, bool gemma, uintptr_t stream, bool launch, int vpt) {
   const OpContext ctx{norm_op_name(residual.has_value(), gemma)};
   check_has_rows(ctx, input, "input");
   const RowView x = row_view(ctx, input, "input");
@@ -83,6 +83,7 @@ void norm(Array out, Array input, std::optional<Array> residual, std::optional<A
   p.eps = static_cast<float>(eps);
   p.weight_offset = gemma ? 1.f : 0.f;
   p.dtype = x.dtype;
+  p.force_vpt = vpt;
 
   if (residual) {
     if (!residual_out) throw_value_error(std::string("opforge.") + ctx.op + ": residual_out is required");
@@ -122,8 +123,9 @@ void norm(Array out, Array input, std::optional<Array> residual, std::optional<A
 void bind_norm(nb::module_& m) {
   m.def("norm", &norm, nb::arg("out").noconvert(), nb::arg("input").noconvert(),
         nb::arg("residual").noconvert().none(), nb::arg("residual_out").noconvert().none(),
-        nb::arg("weight").noconvert(), nb::arg("eps"), nb::arg("gemma"), nb::arg("stream"), nb::arg("launch"),
-        "RMSNorm family into `out` (and `residual_out` when `residual` is given); see opforge.ops.norm.");
+        nb::arg("weight").noconvert(), nb::arg("eps"), nb::arg("gemma"), nb::arg("stream"), nb::arg("launch"), nb::arg("vpt") = -1,
+        "RMSNorm family into `out` (and `residual_out` when `residual` is given); see opforge.ops.norm.\n"
+        "vpt >= 0 forces the CUDA launch shape (vectors per thread, 0 = streaming) for tuning.");
 }
 
 }  // namespace opforge

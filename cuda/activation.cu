@@ -9,7 +9,9 @@ namespace {
 
 // The same formulas as torch's fp32 kernels (and opforge's CPU ops).
 struct Silu {
-  __device__ __forceinline__ float operator()(float x) const { return x / (1.f + expf(-x)); }
+  // x * (1 / (1 + e^-x)) with a correctly rounded reciprocal: within an ulp of torch's division
+  // and much cheaper than an IEEE divide.
+  __device__ __forceinline__ float operator()(float x) const { return x * __frcp_rn(1.f + expf(-x)); }
 };
 struct Gelu {
   __device__ __forceinline__ float operator()(float x) const { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
@@ -23,12 +25,18 @@ struct GeluTanh {
 
 template <typename Act>
 struct ActAndMul {
+  static constexpr int kLoads = 2;  // x and its gate
   int64_t d;
   template <typename T, int VEC>
-  __device__ __forceinline__ void apply(const T* row, int64_t c, float (&y)[VEC]) const {
+  __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {
+    raw[0] = load_vec<T, VEC>(row + c);
+    raw[1] = load_vec<T, VEC>(row + d + c);
+  }
+  template <typename T, int VEC>
+  __device__ __forceinline__ void compute(const Vec<T, VEC> (&raw)[kLoads], float (&y)[VEC]) const {
     float x[VEC], g[VEC];
-    load_float<T, VEC>(row + c, x);
-    load_float<T, VEC>(row + d + c, g);
+    to_floats(raw[0], x);
+    to_floats(raw[1], g);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] = Act()(x[j]) * g[j];
   }

@@ -1,6 +1,7 @@
-// One row-wise element map shared by scale and the act-and-mul ops. A functor reads what it
-// needs from the input row at column c (VEC elements) and produces VEC output elements; the
-// kernel handles strided rows, vector width, the grid and enough loads in flight.
+// One row-wise element map shared by scale and the act-and-mul ops. A functor names the
+// vectors it reads for output column c (`load`, kLoads of them) and turns them into VEC output
+// elements (`compute`); the kernel handles strided rows, vector width, the grid, and keeps
+// kMapUnroll steps of loads in flight before the first use.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -31,18 +32,23 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
     T* out_row = out + r * s.out_stride;
     for (int64_t base = (int64_t(blockIdx.x) * blockDim.x * kMapUnroll + threadIdx.x) * VEC; base < s.cols;
          base += col_step) {
-      float y[kMapUnroll][VEC];
-      // All loads of this step first (each element is read and written by this thread only, so
-      // in-place use stays correct), then all stores.
+      Vec<T, VEC> raw[kMapUnroll][Op::kLoads];
+      bool ok[kMapUnroll];
+      // Every load of this step first, at clamped addresses rather than behind branches, so the
+      // memory round trips overlap; then compute and store. Each element is read and written by
+      // this thread only, so in-place use stays correct.
 #pragma unroll
       for (int u = 0; u < kMapUnroll; ++u) {
         const int64_t c = base + int64_t(u) * blockDim.x * VEC;
-        if (c < s.cols) op.template apply<T, VEC>(in_row, c, y[u]);
+        ok[u] = c < s.cols;
+        op.template load<T, VEC>(in_row, ok[u] ? c : 0, raw[u]);
       }
 #pragma unroll
       for (int u = 0; u < kMapUnroll; ++u) {
-        const int64_t c = base + int64_t(u) * blockDim.x * VEC;
-        if (c < s.cols) store_float<T, VEC>(out_row + c, y[u]);
+        if (!ok[u]) continue;
+        float y[VEC];
+        op.template compute<T, VEC>(raw[u], y);
+        store_float<T, VEC>(out_row + base + int64_t(u) * blockDim.x * VEC, y);
       }
     }
   }

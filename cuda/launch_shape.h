@@ -12,42 +12,61 @@ struct RowLaunch {
   int64_t blocks;
 };
 
-// Register budget: a thread that keeps more than 16 fp32 values in flight gets up to 128
-// registers, so its block is capped at 512 threads; smaller working sets allow 1024.
-inline int norm_max_threads(int elems_per_thread) { return elems_per_thread <= 16 ? 1024 : 512; }
+// Register budget: a thread keeps up to three raw vectors (row, residual, weight; 12 registers
+// for 16-byte vectors) per vector of its row, so its block is capped where the register file
+// still gives it room: 64 registers at 1024 threads, 128 at 512, 255 at 256.
+inline int norm_max_threads(int vecs_per_thread) {
+  return vecs_per_thread <= 2 ? 1024 : vecs_per_thread <= 4 ? 512 : 256;
+}
+
+// The register-path launch that gives each thread `vpt` vectors of a row of `nv` vectors, or
+// false when the row does not fit (a group would need more threads than the budget allows).
+inline bool norm_register_launch(int64_t rows, int64_t nv, int vpt, RowLaunch* out) {
+  const int64_t need = (nv + vpt - 1) / vpt;
+  if (need > norm_max_threads(vpt)) return false;
+  int group = 1;
+  if (need <= 16) {
+    while (group < need) group <<= 1;  // sub-warp groups reduce with shuffles: a power of two
+  } else {
+    group = static_cast<int>((need + 31) / 32 * 32);  // whole warps
+  }
+  int64_t rows_per_block = group >= 256 ? 1 : 256 / group;
+  if (rows_per_block > rows) rows_per_block = rows < 1 ? 1 : rows;
+  *out = RowLaunch{vpt, group, static_cast<int>(rows_per_block * group), (rows + rows_per_block - 1) / rows_per_block};
+  return true;
+}
+
+// Streaming path: one row per block, as many threads as the row has vectors (up to 1024).
+inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
+  const int threads = nv >= 1024 ? 1024 : static_cast<int>((nv + 31) / 32 * 32);
+  return RowLaunch{0, threads, threads, rows};
+}
 
 // Picks the launch for `rows` rows of `nv` vectors of `vec` elements on a GPU with `sms`
 // multiprocessors. Large batches get many vectors per thread (more loads in flight per thread,
 // fewer threads per reduction); small batches get fewer vectors per thread and more threads per
 // row so the few rows still spread over many warps. Rows too long to keep in registers use the
 // streaming kernel, which re-reads the row from L2 and so needs no shared memory at any size.
-inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int vec, int sms) {
-  RowLaunch pick{-1, 0, 0, 0};
+// `force_vpt` >= 0 overrides the choice (0 = streaming; for tuning); an infeasible override
+// returns vecs_per_thread = -1.
+inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int vec, int sms, int force_vpt = -1) {
+  RowLaunch l{-1, 0, 0, 0};
+  if (force_vpt == 0) return norm_streaming_launch(rows, nv);
+  if (force_vpt > 0) {
+    norm_register_launch(rows, nv, force_vpt, &l);
+    return l;
+  }
   RowLaunch most_threads{-1, 0, 0, 0};
   for (int vpt : {8, 4, 2, 1}) {
-    const int64_t need = (nv + vpt - 1) / vpt;
-    if (need > norm_max_threads(vpt * vec)) continue;
-    int group = 1;
-    if (need <= 16) {
-      while (group < need) group <<= 1;  // sub-warp groups reduce with shuffles: a power of two
-    } else {
-      group = static_cast<int>((need + 31) / 32 * 32);  // whole warps
-    }
+    RowLaunch candidate;
+    if (!norm_register_launch(rows, nv, vpt, &candidate)) continue;
     // Enough bytes in flight to cover memory latency: about 4096 vectors per multiprocessor.
-    const bool fills = rows * group * vpt >= int64_t(sms) * 4096;
-    if (pick.vecs_per_thread < 0 && fills) pick = RowLaunch{vpt, group, 0, 0};
-    most_threads = RowLaunch{vpt, group, 0, 0};  // the last feasible one has the smallest vpt
+    if (l.vecs_per_thread < 0 && rows * candidate.group * vpt >= int64_t(sms) * 4096) l = candidate;
+    most_threads = candidate;  // the last feasible one has the smallest vpt
   }
-  if (pick.vecs_per_thread < 0) pick = most_threads;
-  if (pick.vecs_per_thread < 0) {  // streaming: one row per block
-    const int64_t threads = nv >= 1024 ? 1024 : (nv + 31) / 32 * 32;
-    return RowLaunch{0, static_cast<int>(threads), static_cast<int>(threads), rows};
-  }
-  int64_t rows_per_block = pick.group >= 256 ? 1 : 256 / pick.group;
-  if (rows_per_block > rows) rows_per_block = rows < 1 ? 1 : rows;
-  pick.threads = static_cast<int>(rows_per_block * pick.group);
-  pick.blocks = (rows + rows_per_block - 1) / rows_per_block;
-  return pick;
+  if (l.vecs_per_thread < 0) l = most_threads;
+  if (l.vecs_per_thread < 0) l = norm_streaming_launch(rows, nv);
+  return l;
 }
 
 }  // namespace opforge

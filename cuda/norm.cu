@@ -11,70 +11,77 @@
 namespace opforge::cuda {
 namespace {
 
-template <int VPT, int VEC>
-constexpr int kMaxThreads = VPT * VEC <= 16 ? 1024 : 512;
+template <int VPT>
+constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_max_threads(VPT)
 
 // Register path: each group of `group` threads owns one row and keeps it in registers
 // (VPT vectors of VEC elements per thread), so every element is read once and written once.
+// All loads of a thread (row, residual, weight) are issued back to back before any use: the
+// addresses of out-of-range vectors are clamped to valid ones instead of branched around, so
+// nothing serialises the memory round trips.
 template <typename T, int VEC, int VPT, bool ADD>
-__global__ void __launch_bounds__(kMaxThreads<VPT, VEC>) norm_rows_kernel(const NormParams p, const int group) {
+__global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p, const int group) {
   __shared__ float scratch[32];
   const int lane = threadIdx.x % group;
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const bool active = row < p.rows;
+  const int64_t r = active ? row : 0;  // rows past the end read row 0 and write nothing
 
-  const T* in = static_cast<const T*>(p.input) + row * p.input_stride;
-  const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride;
+  const T* in = static_cast<const T*>(p.input) + r * p.input_stride;
+  const T* res = static_cast<const T*>(p.residual) + r * p.residual_stride;
+  const T* w = static_cast<const T*>(p.weight);
 
-  float x[VPT][VEC];
-  // Issue every load of the row before the first use, so VPT (x2 with the residual) 16-byte
-  // loads per thread are in flight together.
+  Vec<T, VEC> xr[VPT], rr[ADD ? VPT : 1], wr[VPT];
+  bool ok[VPT];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int64_t c = (int64_t(i) * group + lane) * VEC;
-    if (active && c < p.hidden) {
-      load_float<T, VEC>(in + c, x[i]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) x[i][j] = 0.f;
-    }
+    ok[i] = c < p.hidden;
+    const int64_t cc = ok[i] ? c : 0;
+    xr[i] = load_vec<T, VEC>(in + cc);
+    if constexpr (ADD) rr[i] = load_vec<T, VEC>(res + cc);
+    wr[i] = load_vec_reused<T, VEC>(w + cc);
   }
-  if constexpr (ADD) {
-    T* res_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
+
+  // s = x (+ r) in fp32, recomputed from the raw registers when writing (same bits), which
+  // keeps the fp32 copy out of the register budget.
+  auto sum_at = [&](int i, float (&s)[VEC]) {
+    to_floats(xr[i], s);
+    if constexpr (ADD) {
+      float rv[VEC];
+      to_floats(rr[i], rv);
 #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-      const int64_t c = (int64_t(i) * group + lane) * VEC;
-      if (active && c < p.hidden) {
-        float r[VEC];
-        load_float<T, VEC>(res + c, r);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) x[i][j] += r[j];
-        store_float<T, VEC>(res_out + c, x[i]);
-      }
+      for (int j = 0; j < VEC; ++j) s[j] += rv[j];
     }
-  }
+  };
 
   float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i)
+  for (int i = 0; i < VPT; ++i) {
+    if (ok[i]) {
+      float s[VEC];
+      sum_at(i, s);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) ss += x[i][j] * x[i][j];
+      for (int j = 0; j < VEC; ++j) ss += s[j] * s[j];
+    }
+  }
   ss = group_sum(ss, group, scratch);
   const float rstd = rsqrtf(ss / static_cast<float>(p.hidden) + p.eps);
 
   if (!active) return;
-  const T* w = static_cast<const T*>(p.weight);
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
+  T* res_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
+    if (!ok[i]) continue;
     const int64_t c = (int64_t(i) * group + lane) * VEC;
-    if (c < p.hidden) {
-      float wv[VEC];
-      load_float<T, VEC>(w + c, wv);
+    float s[VEC], wv[VEC], y[VEC];
+    sum_at(i, s);
+    if constexpr (ADD) store_float<T, VEC>(res_out + c, s);
+    to_floats(wr[i], wv);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) x[i][j] = x[i][j] * rstd * (wv[j] + p.weight_offset);
-      store_float<T, VEC>(out + c, x[i]);
-    }
+    for (int j = 0; j < VEC; ++j) y[j] = s[j] * rstd * (wv[j] + p.weight_offset);
+    store_float<T, VEC>(out + c, y);
   }
 }
 
@@ -94,10 +101,10 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 #pragma unroll 4
   for (int64_t c = int64_t(threadIdx.x) * VEC; c < p.hidden; c += step) {
     float x[VEC];
-    load_float<T, VEC>(in + c, x);
+    to_floats(load_vec<T, VEC>(in + c), x);
     if constexpr (ADD) {
       float r[VEC];
-      load_float<T, VEC>(res + c, r);
+      to_floats(load_vec<T, VEC>(res + c), r);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) x[j] += r[j];
     }
@@ -113,15 +120,15 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 #pragma unroll 4
   for (int64_t c = int64_t(threadIdx.x) * VEC; c < p.hidden; c += step) {
     float x[VEC], wv[VEC];
-    load_float<T, VEC>(in + c, x);
+    to_floats(load_vec<T, VEC>(in + c), x);
+    to_floats(load_vec_reused<T, VEC>(w + c), wv);
     if constexpr (ADD) {
       float r[VEC];
-      load_float<T, VEC>(res + c, r);
+      to_floats(load_vec<T, VEC>(res + c), r);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) x[j] += r[j];
       store_float<T, VEC>(res_out + c, x);
     }
-    load_float<T, VEC>(w + c, wv);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) x[j] = x[j] * rstd * (wv[j] + p.weight_offset);
     store_float<T, VEC>(out + c, x);
@@ -130,13 +137,15 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 
 template <typename T, int VEC, bool ADD>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
-  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, VEC, sm_count(device));
+  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, VEC, sm_count(device), p.force_vpt);
   switch (l.vecs_per_thread) {
+    case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
     case 0: norm_rows_streaming_kernel<T, VEC, ADD><<<l.blocks, l.threads, 0, stream>>>(p); break;
     case 1: norm_rows_kernel<T, VEC, 1, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
     case 2: norm_rows_kernel<T, VEC, 2, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
     case 4: norm_rows_kernel<T, VEC, 4, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
-    default: norm_rows_kernel<T, VEC, 8, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
+    case 8: norm_rows_kernel<T, VEC, 8, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
+    default: return static_cast<int>(cudaErrorInvalidConfiguration);
   }
   return last_launch_status();
 }

@@ -27,6 +27,7 @@ struct NormParams {
   float eps = 1e-6f;
   float weight_offset = 0.f;
   DType dtype = DType::kFloat32;
+  int force_vpt = -1;  // launch-shape override for tuning (see choose_norm_launch); -1 = heuristic
 };
 
 // Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).

@@ -7,10 +7,15 @@ namespace opforge::cuda {
 namespace {
 
 struct Scale {
+  static constexpr int kLoads = 1;
   float factor;
   template <typename T, int VEC>
-  __device__ __forceinline__ void apply(const T* row, int64_t c, float (&y)[VEC]) const {
-    load_float<T, VEC>(row + c, y);
+  __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {
+    raw[0] = load_vec<T, VEC>(row + c);
+  }
+  template <typename T, int VEC>
+  __device__ __forceinline__ void compute(const Vec<T, VEC> (&raw)[kLoads], float (&y)[VEC]) const {
+    to_floats(raw[0], y);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] *= factor;
   }

@@ -30,15 +30,46 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// N elements moved as one access of N*sizeof(T) bytes (16 bytes at the widest).
+// N elements moved as one access of N*sizeof(T) bytes (16 bytes at the widest). The access goes
+// through an integer type of the full width so the compiler always emits one vector instruction.
+template <int Bytes>
+struct BitsOf;
+template <>
+struct BitsOf<16> { using type = uint4; };
+template <>
+struct BitsOf<8> { using type = uint2; };
+template <>
+struct BitsOf<4> { using type = unsigned int; };
+template <>
+struct BitsOf<2> { using type = unsigned short; };
+
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec {
+  using Bits = typename BitsOf<sizeof(T) * N>::type;
   T v[N];
 };
 
+// Cache-streaming access (ld/st.global.cs) for data touched once: it should not evict what is
+// reused (weights). Coherent, so it stays correct when an output is also an input (in place).
 template <typename T, int N>
-__device__ __forceinline__ void load_float(const T* p, float (&out)[N]) {
-  const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  const auto bits = __ldcs(reinterpret_cast<const typename Vec<T, N>::Bits*>(p));
+  Vec<T, N> r;
+  memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+// Read-only-cache access for data that is reused across rows and never written (weights).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_reused(const T* p) {
+  const auto bits = __ldg(reinterpret_cast<const typename Vec<T, N>::Bits*>(p));
+  Vec<T, N> r;
+  memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void to_floats(const Vec<T, N>& raw, float (&out)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) out[i] = to_float(raw.v[i]);
 }
@@ -48,7 +79,9 @@ __device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
   Vec<T, N> raw;
 #pragma unroll
   for (int i = 0; i < N; ++i) raw.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Vec<T, N>*>(p) = raw;
+  typename Vec<T, N>::Bits bits;
+  memcpy(&bits, &raw, sizeof(bits));
+  __stcs(reinterpret_cast<typename Vec<T, N>::Bits*>(p), bits);
 }
 
 // Sum over groups of `width` consecutive lanes (width a power of two <= 32).
