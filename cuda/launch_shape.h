@@ -42,27 +42,31 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
   return RowLaunch{0, threads, threads, rows};
 }
 
-// Picks the launch for `rows` rows of `nv` vectors of `vec` elements on a GPU with `sms`
-// multiprocessors. Large batches get many vectors per thread (more loads in flight per thread,
-// fewer threads per reduction); small batches get fewer vectors per thread and more threads per
-// row so the few rows still spread over many warps. Rows too long to keep in registers use the
-// streaming kernel, which re-reads the row from L2 and so needs no shared memory at any size.
+// Picks the launch for `rows` rows of `nv` vectors on a GPU with `sms` multiprocessors; `add`
+// says the residual is read and written too. Measured on H200 (bench/results): large batches run
+// best with 8 vectors of row data in flight per thread — 8 vectors per thread for RMSNorm, 4 (x
+// and residual) for the fused add, unless that makes a group wider than 256 threads, where the
+// wider reduction costs more than the extra loads save. Small batches (that cannot fill the GPU
+// that way) use fewer vectors per thread and more threads per row. Rows too long for registers
+// use the streaming kernel, which re-reads the row from L2 and needs no shared memory at any size.
 // `force_vpt` >= 0 overrides the choice (0 = streaming; for tuning); an infeasible override
 // returns vecs_per_thread = -1.
-inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int vec, int sms, int force_vpt = -1) {
+inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, bool add, int sms, int force_vpt = -1) {
   RowLaunch l{-1, 0, 0, 0};
   if (force_vpt == 0) return norm_streaming_launch(rows, nv);
   if (force_vpt > 0) {
     norm_register_launch(rows, nv, force_vpt, &l);
     return l;
   }
+  const int preferred = add ? 4 : 8;
   RowLaunch most_threads{-1, 0, 0, 0};
-  for (int vpt : {8, 4, 2, 1}) {
+  for (int vpt : {preferred, 8, 4, 2, 1}) {
     RowLaunch candidate;
     if (!norm_register_launch(rows, nv, vpt, &candidate)) continue;
+    if (vpt == preferred && preferred < 8 && candidate.group > 256) continue;
     // Enough bytes in flight to cover memory latency: about 4096 vectors per multiprocessor.
     if (l.vecs_per_thread < 0 && rows * candidate.group * vpt >= int64_t(sms) * 4096) l = candidate;
-    most_threads = candidate;  // the last feasible one has the smallest vpt
+    if (most_threads.vecs_per_thread < 0 || vpt < most_threads.vecs_per_thread) most_threads = candidate;
   }
   if (l.vecs_per_thread < 0) l = most_threads;
   if (l.vecs_per_thread < 0) l = norm_streaming_launch(rows, nv);

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 
 template <typename T, int VEC, bool ADD>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
-  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, VEC, sm_count(device), p.force_vpt);
+  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, ADD, sm_count(device), p.force_vpt);
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
     case 0: norm_rows_streaming_kernel<T, VEC, ADD><<<l.blocks, l.threads, 0, stream>>>(p); break;

@@ -92,7 +92,3 @@ def native_backend(backends, *args, **kwargs) -> tuple[str, ...]:
 
 
 BACKEND_CHECKS = {"cuda": cuda_check, "cpu": cpu_check, "torch": torch_check}
-
-
-def stream_of(t: torch.Tensor) -> int:
-    return _ext.cuda_stream(t.get_device()) if t.is_cuda else 0

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext
-from .._ext import to_capsule
+from .._ext import cuda_stream, to_capsule
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, stream_of
+from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend
 
 _C = _ext._C
 
@@ -44,7 +44,7 @@ def _run(out, input, activation: str, backend: str) -> None:
         _C.act_and_mul(to_capsule(out), to_capsule(input), code, 0, False)  # validate only
         out.copy_(act_and_mul_reference(input, activation))
         return
-    _C.act_and_mul(to_capsule(out), to_capsule(input), code, stream_of(input), True)
+    _C.act_and_mul(to_capsule(out), to_capsule(input), code, cuda_stream(input.get_device()) if input.is_cuda else 0, True)
 
 
 @torch.library.custom_op(f"{LIBRARY}::act_and_mul", mutates_args=("out",))

@@ -20,31 +20,12 @@ from typing import Optional
 import torch
 
 from .. import _ext
-from .._ext import to_capsule
+from .._ext import cuda_stream, to_capsule
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, stream_of
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend
 
 _C = _ext._C
-
-
-def _capsule_or_none(t):
-    return None if t is None else to_capsule(t)
-
-
-def _launch(out, input, residual, residual_out, weight, eps, gemma, launch=True):
-    # The bindings validate shapes, dtypes, devices, strides and aliasing before anything runs.
-    _C.norm(
-        to_capsule(out),
-        to_capsule(input),
-        _capsule_or_none(residual),
-        _capsule_or_none(residual_out),
-        to_capsule(weight),
-        eps,
-        gemma,
-        stream_of(input) if launch else 0,
-        launch,
-    )
 
 
 def norm_reference(input, weight, eps, gemma=False, residual=None):
@@ -59,14 +40,25 @@ def norm_reference(input, weight, eps, gemma=False, residual=None):
 
 
 def _run(out, input, residual, residual_out, weight, eps, gemma, backend):
-    if backend == "torch":
-        _launch(out, input, residual, residual_out, weight, eps, gemma, launch=False)
+    # The binding validates shapes, dtypes, devices, strides and aliasing before anything runs;
+    # for the "torch" backend it only validates (launch=False), then the reference computes.
+    launch = backend != "torch"
+    _C.norm(
+        to_capsule(out),
+        to_capsule(input),
+        None if residual is None else to_capsule(residual),
+        None if residual_out is None else to_capsule(residual_out),
+        to_capsule(weight),
+        eps,
+        gemma,
+        cuda_stream(input.get_device()) if launch and input.is_cuda else 0,
+        launch,
+    )
+    if not launch:
         ref_out, ref_res = norm_reference(input, weight, eps, gemma, residual)
         if ref_res is not None:
             residual_out.copy_(ref_res)
         out.copy_(ref_out)
-        return
-    _launch(out, input, residual, residual_out, weight, eps, gemma)
 
 
 # --- torch.library registration: how torch.compile and CUDA graphs see the ops ---------------
@@ -82,7 +74,7 @@ def _norm_op(
     eps: float,
     gemma: bool,
 ) -> None:
-    _launch(out, input, residual, residual_out, weight, eps, gemma)
+    _run(out, input, residual, residual_out, weight, eps, gemma, "auto")
 
 
 @_norm_op.register_fake

@@ -7,10 +7,10 @@ from typing import Optional
 import torch
 
 from .. import _ext
-from .._ext import to_capsule
+from .._ext import cuda_stream, to_capsule
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, stream_of
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend
 
 _C = _ext._C
 
@@ -25,7 +25,7 @@ def _run(out, x, factor: float, backend: str) -> None:
         _C.scale(to_capsule(out), to_capsule(x), factor, 0, False)  # validate only
         out.copy_(scale_reference(x, factor))
         return
-    _C.scale(to_capsule(out), to_capsule(x), factor, stream_of(x), True)
+    _C.scale(to_capsule(out), to_capsule(x), factor, cuda_stream(x.get_device()) if x.is_cuda else 0, True)
 
 
 @torch.library.custom_op(f"{LIBRARY}::scale", mutates_args=("out",))
