@@ -55,15 +55,18 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
 
 // Launch shape: big problems give each thread 4 vectors per step (4 x 16-byte loads in flight
 // per input); small ones (decode batches) 1, spread over more blocks, so the few vectors there
-// are reach many SMs at once instead of queueing behind each other in a couple of blocks.
+// reach many SMs at once instead of queueing behind each other in a couple of blocks.
 // x covers the columns of a row once (the kernel strides when a grid dimension is capped),
 // y the rows.
 template <typename T, int VEC, int UNROLL, typename Op>
 int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, cudaStream_t stream) {
   const int64_t nv = (s.cols + VEC - 1) / VEC;
-  const int64_t tx = std::min<int64_t>(kMapThreads, (nv + UNROLL * 32 - 1) / (UNROLL * 32) * 32);
+  // Blocks per row first, then threads per block just wide enough for an even split (a row of
+  // 1376 vectors is two blocks of 192 threads, not 256 + a mostly idle 256).
+  const int64_t gx = std::min<int64_t>((nv + kMapThreads * UNROLL - 1) / (kMapThreads * UNROLL), INT32_MAX);
+  const int64_t per_block = (nv + gx - 1) / gx;
+  const int64_t tx = std::min<int64_t>(kMapThreads, (per_block + UNROLL * 32 - 1) / (UNROLL * 32) * 32);
   const int64_t ty = kMapThreads / tx;
-  const int64_t gx = std::min<int64_t>((nv + tx * UNROLL - 1) / (tx * UNROLL), INT32_MAX);
   const int64_t gy = std::min<int64_t>((s.rows + ty - 1) / ty, 65535);
   rowwise_map_kernel<T, VEC, UNROLL, Op>
       <<<dim3(unsigned(gx), unsigned(gy)), dim3(unsigned(tx), unsigned(ty)), 0, stream>>>(out, in, s, op);
