@@ -15,18 +15,28 @@ void throw_runtime_error(const std::string& msg) { throw CudaError(msg); }
 
 std::string dtype_name(nb::dlpack::dtype dt) {
   using C = nb::dlpack::dtype_code;
-  const auto code = static_cast<C>(dt.code);
-  std::string base;
-  switch (code) {
-    case C::Int: base = "int"; break;
-    case C::UInt: base = "uint"; break;
-    case C::Float: base = "float"; break;
-    case C::Bfloat: base = "bfloat"; break;
-    case C::Complex: base = "complex"; break;
-    case C::Bool: return "bool";
-    default: base = "dtype" + std::to_string(int(dt.code)) + "_"; break;
+  std::string s;
+  switch (static_cast<C>(dt.code)) {
+    case C::Int: s = "int" + std::to_string(int(dt.bits)); break;
+    case C::UInt: s = "uint" + std::to_string(int(dt.bits)); break;
+    case C::Float: s = "float" + std::to_string(int(dt.bits)); break;
+    case C::Bfloat: s = "bfloat" + std::to_string(int(dt.bits)); break;
+    case C::Complex: s = "complex" + std::to_string(int(dt.bits)); break;
+    case C::Bool: s = "bool"; break;
+    // torch's names for the narrow float formats
+    case C::Float8_E3M4: s = "float8_e3m4"; break;
+    case C::Float8_E4M3: s = "float8_e4m3"; break;
+    case C::Float8_E4M3B11FNUZ: s = "float8_e4m3b11fnuz"; break;
+    case C::Float8_E4M3FN: s = "float8_e4m3fn"; break;
+    case C::Float8_E4M3FNUZ: s = "float8_e4m3fnuz"; break;
+    case C::Float8_E5M2: s = "float8_e5m2"; break;
+    case C::Float8_E5M2FNUZ: s = "float8_e5m2fnuz"; break;
+    case C::Float8_E8M0FNU: s = "float8_e8m0fnu"; break;
+    case C::Float6_E2M3FN: s = "float6_e2m3fn"; break;
+    case C::Float6_E3M2FN: s = "float6_e3m2fn"; break;
+    case C::Float4_E2M1FN: s = "float4_e2m1fn_x2"; break;
+    default: s = "dlpack dtype code " + std::to_string(int(dt.code)) + " of " + std::to_string(int(dt.bits)) + " bits";
   }
-  std::string s = base + std::to_string(int(dt.bits));
   if (dt.lanes != 1) s += "x" + std::to_string(int(dt.lanes));
   return s;
 }
@@ -86,6 +96,11 @@ RowView row_view(const OpContext& ctx, const Array& a, const char* name) {
   }
   v.rows = 1;
   for (size_t i = 0; i + 1 < nd; ++i) v.rows *= a.shape(i);
+  v.data = const_cast<void*>(a.data());
+  if (v.rows == 0) {  // an empty batch: no row is ever addressed, whatever the strides say
+    v.row_stride = v.cols;
+    return v;
+  }
   // Leading dimensions must collapse into one stride: stride[i] == stride[i+1] * shape[i+1]
   // (dimensions of size 1 place no constraint).
   int64_t stride = v.cols;
@@ -110,7 +125,6 @@ RowView row_view(const OpContext& ctx, const Array& a, const char* name) {
   if (v.row_stride < 0) {
     throw_value_error(std::string("opforge.") + ctx.op + ": " + name + " has a negative row stride");
   }
-  v.data = const_cast<void*>(a.data());
   return v;
 }
 
@@ -144,12 +158,36 @@ void check_writable_rows(const OpContext& ctx, const RowView& out) {
   }
 }
 
-void check_alias(const OpContext& ctx, const RowView& out, const RowView& in, bool same_view_allowed) {
-  if (out.numel() == 0 || in.numel() == 0) return;
+// Floor division for possibly negative numerators (denominator > 0).
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// Whether two row views share an element. Views with one common row stride (two slices of one
+// buffer, the usual case) are compared exactly: element offsets o + a*S + j and i + b*S + k meet
+// when delta + m*S lies in [-(co - 1), ci - 1] for some row difference m = a - b. Other stride
+// pairs fall back to comparing the byte ranges they span.
+static bool views_overlap(const RowView& out, const RowView& in) {
   const auto o0 = reinterpret_cast<uintptr_t>(out.data), o1 = o0 + out.extent_bytes();
   const auto i0 = reinterpret_cast<uintptr_t>(in.data), i1 = i0 + in.extent_bytes();
-  if (o1 <= i0 || i1 <= o0) return;  // disjoint
-  const bool same_view = o0 == i0 && out.row_stride == in.row_stride && out.rows == in.rows && out.cols == in.cols;
+  if (o1 <= i0 || i1 <= o0) return false;
+  const int64_t es = dtype_size(out.dtype);
+  const int64_t delta_bytes = int64_t(o0) - int64_t(i0);
+  if (out.row_stride != in.row_stride || out.row_stride <= 0 || out.dtype != in.dtype || delta_bytes % es != 0) {
+    return true;
+  }
+  const int64_t S = out.row_stride, delta = delta_bytes / es;
+  const int64_t lo = -(out.cols - 1) - delta, hi = (in.cols - 1) - delta;  // need m*S in [lo, hi]
+  int64_t m_min = -floor_div(-lo, S);                                      // ceil(lo / S)
+  const int64_t m_max = floor_div(hi, S);
+  const int64_t row_lo = -(in.rows - 1), row_hi = out.rows - 1;  // m = a - b
+  if (m_min < row_lo) m_min = row_lo;
+  return m_min <= m_max && m_min <= row_hi;
+}
+
+void check_alias(const OpContext& ctx, const RowView& out, const RowView& in, bool same_view_allowed) {
+  if (out.numel() == 0 || in.numel() == 0) return;
+  if (!views_overlap(out, in)) return;
+  const bool same_view = out.data == in.data && out.row_stride == in.row_stride && out.rows == in.rows &&
+                         out.cols == in.cols && out.dtype == in.dtype;
   if (same_view && same_view_allowed) return;
   throw_value_error(std::string("opforge.") + ctx.op + ": " + out.name + " overlaps " + in.name +
                     (same_view_allowed ? " without being the same view of it; an output may be exactly its "

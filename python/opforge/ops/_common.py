@@ -92,3 +92,17 @@ def native_backend(backends, *args, **kwargs) -> tuple[str, ...]:
 
 
 BACKEND_CHECKS = {"cuda": cuda_check, "cpu": cpu_check, "torch": torch_check}
+
+
+def raise_unexportable(op: str, *named: tuple[str, object]):
+    """Explain why a tensor could not be handed to the kernels (called only after the export failed)."""
+    for name, value in named:
+        if isinstance(value, Tensor) and value.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"opforge.{op}: {name} is on {value.device}; accepted: cpu or cuda tensors")
+    for name, value in named:
+        if isinstance(value, Tensor):
+            try:
+                torch._C._to_dlpack(value)
+            except (BufferError, RuntimeError) as exc:
+                raise ValueError(f"opforge.{op}: {name} cannot be passed to the kernels: {exc}") from None
+    raise ValueError(f"opforge.{op}: the arguments cannot be passed to the kernels")

@@ -15,7 +15,7 @@ from .. import _ext
 from .._ext import cuda_stream, to_capsule
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend
+from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, raise_unexportable
 
 _C = _ext._C
 
@@ -34,22 +34,29 @@ def act_and_mul_reference(input: torch.Tensor, activation: str) -> torch.Tensor:
     return (ACTIVATIONS[activation][1](x[..., :d]) * x[..., d:]).to(input.dtype)
 
 
-def _out_like(input: torch.Tensor) -> torch.Tensor:
-    return torch.empty((*input.shape[:-1], input.shape[-1] // 2), dtype=input.dtype, device=input.device)
+def _out_like(input: torch.Tensor, name: str) -> torch.Tensor:
+    shape = input.shape
+    if not shape:
+        raise ValueError(f"opforge.{name}: input is a 0-d tensor; it needs a last dimension of [x, gate]")
+    return torch.empty((*shape[:-1], shape[-1] // 2), dtype=input.dtype, device=input.device)
 
 
-def _run(out, input, activation: str, backend: str) -> None:
+def _run(out, input, activation: str, backend: str, name: str) -> None:
     code = ACTIVATIONS[activation][0]
-    if backend == "torch":
-        _C.act_and_mul(to_capsule(out), to_capsule(input), code, 0, False)  # validate only
+    launch = backend != "torch"
+    try:
+        out_c, in_c = to_capsule(out), to_capsule(input)
+    except (BufferError, RuntimeError):
+        raise_unexportable(name, ("input", input), ("out", out))
+    # For the "torch" backend the binding only validates (launch=False); the reference computes.
+    _C.act_and_mul(out_c, in_c, code, cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch)
+    if not launch:
         out.copy_(act_and_mul_reference(input, activation))
-        return
-    _C.act_and_mul(to_capsule(out), to_capsule(input), code, cuda_stream(input.get_device()) if input.is_cuda else 0, True)
 
 
 @torch.library.custom_op(f"{LIBRARY}::act_and_mul", mutates_args=("out",))
 def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, activation: str) -> None:
-    _run(out, input, activation, "auto")
+    _run(out, input, activation, "auto", f"{activation}_and_mul")
 
 
 @_act_and_mul_op.register_fake
@@ -68,22 +75,23 @@ def _check(input, out=None, *, backend="auto"):
 
 def _make(activation: str, doc: str):
     """The public op for one activation (the three differ only in the formula)."""
+    name = f"{activation}_and_mul"
 
     def traced(input, out=None, *, backend="auto"):
-        out = _out_like(input) if out is None else out
+        out = _out_like(input, name) if out is None else out
         _act_and_mul_op(out, input, activation)
         return out
 
-    @backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced,
-                         auto_by_device=True)
     def op(input: torch.Tensor, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
-        out = _out_like(input) if out is None else out
-        _run(out, input, activation, backend)
+        out = _out_like(input, name) if out is None else out
+        _run(out, input, activation, backend, name)
         return out
 
-    op.__name__ = op.__qualname__ = f"{activation}_and_mul"
+    # Named before decorating: the decorators put the name into every error message.
+    op.__name__ = op.__qualname__ = name
     op.__doc__ = doc
-    op.__wrapped__.__name__ = op.__name__
+    op = backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced,
+                             auto_by_device=True)(op)
     return opforge_api(op)
 
 

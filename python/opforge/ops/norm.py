@@ -23,9 +23,13 @@ from .. import _ext
 from .._ext import cuda_stream, to_capsule
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, raise_unexportable
 
 _C = _ext._C
+
+
+def _op_name(add: bool, gemma: bool) -> str:
+    return ("gemma_" if gemma else "") + ("fused_add_rmsnorm" if add else "rmsnorm")
 
 
 def norm_reference(input, weight, eps, gemma=False, residual=None):
@@ -43,17 +47,18 @@ def _run(out, input, residual, residual_out, weight, eps, gemma, backend):
     # The binding validates shapes, dtypes, devices, strides and aliasing before anything runs;
     # for the "torch" backend it only validates (launch=False), then the reference computes.
     launch = backend != "torch"
-    _C.norm(
-        to_capsule(out),
-        to_capsule(input),
-        None if residual is None else to_capsule(residual),
-        None if residual_out is None else to_capsule(residual_out),
-        to_capsule(weight),
-        eps,
-        gemma,
-        cuda_stream(input.get_device()) if launch and input.is_cuda else 0,
-        launch,
-    )
+    try:
+        caps = (
+            to_capsule(out),
+            to_capsule(input),
+            None if residual is None else to_capsule(residual),
+            None if residual_out is None else to_capsule(residual_out),
+            to_capsule(weight),
+        )
+    except (BufferError, RuntimeError):
+        raise_unexportable(_op_name(residual is not None, gemma), ("input", input), ("residual", residual),
+                           ("weight", weight), ("out", out), ("residual_out", residual_out))
+    _C.norm(*caps, eps, gemma, cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch)
     if not launch:
         ref_out, ref_res = norm_reference(input, weight, eps, gemma, residual)
         if ref_res is not None:

@@ -10,7 +10,7 @@ from .. import _ext
 from .._ext import cuda_stream, to_capsule
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, raise_unexportable
 
 _C = _ext._C
 
@@ -21,11 +21,15 @@ def scale_reference(x: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def _run(out, x, factor: float, backend: str) -> None:
-    if backend == "torch":
-        _C.scale(to_capsule(out), to_capsule(x), factor, 0, False)  # validate only
+    launch = backend != "torch"
+    try:
+        out_c, x_c = to_capsule(out), to_capsule(x)
+    except (BufferError, RuntimeError):
+        raise_unexportable("scale", ("x", x), ("out", out))
+    # For the "torch" backend the binding only validates (launch=False); the reference computes.
+    _C.scale(out_c, x_c, factor, cuda_stream(x.get_device()) if launch and x.is_cuda else 0, launch)
+    if not launch:
         out.copy_(scale_reference(x, factor))
-        return
-    _C.scale(to_capsule(out), to_capsule(x), factor, cuda_stream(x.get_device()) if x.is_cuda else 0, True)
 
 
 @torch.library.custom_op(f"{LIBRARY}::scale", mutates_args=("out",))
