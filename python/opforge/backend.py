@@ -167,15 +167,15 @@ def backend_requirement(
                 args[backend_pos] = resolve(args[backend_pos], args, kwargs, not skip_check)
                 return fn(*args, **kwargs)
             requested = kwargs.get("backend", default_backend)
-            if requested == "auto" and auto_by_device and args and not skip_check:
+            if requested == "auto" and auto_by_device and args:
                 first = args[0]
                 device = None  # only CPU (-1) and CUDA (index) choices are remembered
                 if isinstance(first, torch.Tensor) and (first.is_cuda or first.is_cpu):
                     device = first.get_device()
                 chosen = auto_choice.get(device)
                 if chosen is None:
-                    chosen = resolve(requested, args, kwargs, True)
-                    if device is not None:
+                    chosen = resolve(requested, args, kwargs, not skip_check)
+                    if device is not None and not skip_check:  # remember only checked choices
                         auto_choice[device] = chosen
                 kwargs["backend"] = chosen
                 return fn(*args, **kwargs)
