@@ -9,6 +9,7 @@ namespace opforge::cuda {
 namespace {
 constexpr int kMaxDevices = 64;
 std::atomic<int> g_sm_count[kMaxDevices];  // 0 = not read yet
+std::atomic<int> g_cc[kMaxDevices];        // 0 = not read yet
 }  // namespace
 
 int sm_count(int device) {
@@ -24,13 +25,19 @@ int sm_count(int device) {
 }
 
 int compute_capability(int device) {
+  if (device >= 0 && device < kMaxDevices) {
+    const int cached = g_cc[device].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
-  return major * 10 + minor;
+  const int cc = major * 10 + minor;
+  if (device >= 0 && device < kMaxDevices) g_cc[device].store(cc, std::memory_order_relaxed);
+  return cc;
 }
 
 const char* error_string(int err) { return cudaGetErrorString(static_cast<cudaError_t>(err)); }

@@ -12,7 +12,7 @@ const char* error_string(int err);
 // cudaErrorNoKernelImageForDevice: the launch found no code for this GPU's arch.
 bool is_no_kernel_image(int err);
 
-// The compute capability of `device` as major*10+minor, or -1 when it cannot be read.
+// The compute capability of `device` as major*10+minor (cached), or -1 when it cannot be read.
 int compute_capability(int device);
 
 // Makes `device` current for the calling thread and restores the previous one on destruction;

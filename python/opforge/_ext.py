@@ -28,16 +28,22 @@ cuda_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 
 
 @functools.cache
+def _build_info() -> dict:
+    info = dict(_C.build_info())
+    archs = info["cuda_archs"]
+    info["cuda_archs"] = tuple(a for a in archs.split(";") if a) if archs else ()
+    return info
+
+
 def build_info() -> dict:
-    """What this build of opforge contains.
+    """What this build of opforge contains (a fresh dict each call).
 
     Keys: ``version``; ``cuda`` (bool: were CUDA kernels compiled in); ``cuda_archs`` (list of
     archs as given to CUDA_ARCH_LIST, e.g. ``["8.0", "9.0a+PTX"]``); ``cuda_version`` (the
     toolkit that compiled them); ``compiler`` (the host C++ compiler).
     """
-    info = dict(_C.build_info())
-    archs = info["cuda_archs"]
-    info["cuda_archs"] = [a for a in archs.split(";") if a] if archs else []
+    info = dict(_build_info())
+    info["cuda_archs"] = list(info["cuda_archs"])
     return info
 
 
@@ -67,7 +73,7 @@ def compute_capability(device_index: int) -> int:
 @functools.cache
 def arch_problem(device_index: int) -> str | None:
     """Why this build cannot run on ``device_index``, or None when it can (cached per device)."""
-    info = build_info()
+    info = _build_info()
     if not info["cuda"]:
         return (
             "this opforge build has no CUDA kernels (built with CUDA_ARCH_LIST=none or without "

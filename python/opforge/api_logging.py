@@ -17,6 +17,20 @@ import torch
 from . import config
 
 _LOGGER_NAME = "opforge.api"
+
+
+class _StdStreamHandler(logging.StreamHandler):
+    """Writes to sys.stdout / sys.stderr as they are at each record, so redirections made after
+    the first logged call (pytest's capture, contextlib.redirect_stdout) are honoured."""
+
+    def __init__(self, name: str):
+        super().__init__(getattr(sys, name))
+        self._name = name
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = getattr(sys, self._name)
+        super().emit(record)
+
 _handlers: dict[str, logging.Handler] = {}
 
 
@@ -26,12 +40,7 @@ def _logger() -> logging.Logger:
     logger = logging.getLogger(_LOGGER_NAME)
     handler = _handlers.get(dest)
     if handler is None:
-        if dest == "stderr":
-            handler = logging.StreamHandler(sys.stderr)
-        elif dest == "stdout":
-            handler = logging.StreamHandler(sys.stdout)
-        else:
-            handler = logging.FileHandler(dest)
+        handler = _StdStreamHandler(dest) if dest in ("stderr", "stdout") else logging.FileHandler(dest)
         handler.setFormatter(logging.Formatter("[opforge %(asctime)s] %(message)s"))
         _handlers[dest] = handler
     for h in list(logger.handlers):

@@ -1,0 +1,229 @@
+"""What the build contains (build_info), which GPUs its code runs on (_arch_runs_on), the norm
+kernel's launch shape (checked on any machine through _C.norm_launch_shape), and that importing
+opforge leaves CUDA alone."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import opforge
+from opforge import _C
+from opforge._ext import _arch_runs_on
+
+# --- build_info ------------------------------------------------------------------------------
+
+
+def test_build_info_keys_and_types():
+    info = opforge.build_info()
+    assert set(info) == {"version", "cuda", "cuda_archs", "cuda_version", "compiler"}
+    assert isinstance(info["version"], str) and info["version"]
+    assert isinstance(info["cuda"], bool)
+    assert isinstance(info["cuda_archs"], list) and all(isinstance(a, str) and a for a in info["cuda_archs"])
+    assert isinstance(info["cuda_version"], str)
+    assert isinstance(info["compiler"], str) and info["compiler"]
+
+
+def test_build_info_is_consistent():
+    info = opforge.build_info()
+    assert bool(info["cuda_archs"]) == info["cuda"]
+    if info["cuda"]:
+        assert re.fullmatch(r"\d+\.\d+", info["cuda_version"]), info["cuda_version"]
+    for arch in info["cuda_archs"]:
+        assert re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch), arch
+        _arch_runs_on(arch, 90)  # every listed arch is understood
+
+
+def test_version_matches_the_package():
+    assert opforge.__version__ == opforge.build_info()["version"]
+    assert opforge.__version__ == importlib.metadata.version("opforge")
+
+
+# --- which GPUs an arch runs on --------------------------------------------------------------
+
+CCS = (75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121)
+
+
+@pytest.mark.parametrize(
+    "arch, runs_on",
+    [
+        ("8.0", {80, 86, 87, 89}),  # SASS: same major, same or newer minor
+        ("8.6", {86, 87, 89}),
+        ("7.5", {75}),
+        ("9.0", {90}),
+        ("9.0a", {90}),  # arch-specific: that chip only
+        ("10.0a", {100}),
+        ("10.0f", {100, 103}),  # family-specific: same major, newer minor
+        ("12.0f", {120, 121}),
+        ("8.0+PTX", {80, 86, 87, 89, 90, 100, 103, 110, 120, 121}),  # PTX: JIT for every newer GPU
+        ("9.0+PTX", {90, 100, 103, 110, 120, 121}),
+        ("9.0a+PTX", {90}),  # arch-specific PTX cannot be JIT-compiled for other chips
+    ],
+)
+def test_arch_runs_on(arch, runs_on):
+    assert {cc for cc in CCS if _arch_runs_on(arch, cc)} == runs_on
+
+
+# --- the norm kernel's launch shape ----------------------------------------------------------
+
+SMS = (1, 78, 132)
+ROWS = (1, 2, 3, 7, 31, 64, 100, 1000, 8192, 1 << 16, 1 << 20)
+#: (vec, hidden sizes): vec 8 = bf16/fp16 16-byte accesses, 4 = fp32, 1 = the scalar kernel
+HIDDEN_BY_VEC = {
+    8: (8, 16, 64, 128, 1024, 4096, 5120, 8192, 16384, 32768, 65536, 131072),
+    4: (4, 8, 128, 1000, 4096, 5120, 8192, 16384, 32768, 65536),
+    1: (1, 2, 3, 7, 33, 127, 1000, 2048, 2049, 4097, 8192, 65536),
+}
+CASES = [(vec, h, add) for vec, hs in HIDDEN_BY_VEC.items() for h in hs for add in (False, True)]
+KERNEL_VPTS = (1, 2, 4, 8)  # the register kernel's instantiations (cuda/norm.cu)
+
+
+def max_threads(vpt: int) -> int:
+    """__launch_bounds__ of the register kernel with `vpt` vectors per thread (cuda/norm.cu)."""
+    return 1024 if vpt <= 2 else 512 if vpt <= 4 else 256
+
+
+def fits_in_registers(hidden: int, vec: int) -> bool:
+    nv = hidden // vec
+    return any(-(-nv // v) <= max_threads(v) for v in KERNEL_VPTS)
+
+
+def launch(rows, hidden, vec, add=False, sms=132, vpt=-1, clusters=False):
+    shape = _C.norm_launch_shape(rows, hidden, vec, add, sms, vpt, clusters)
+    assert set(shape) == {"vecs_per_thread", "group", "threads", "blocks", "cluster"}
+    if not clusters:
+        assert shape["cluster"] == 1, "a cluster launch on a GPU without clusters"
+    return shape
+
+
+def check_register_launch(s, rows, hidden, vec, where):
+    vpt, group, threads, blocks = s["vecs_per_thread"], s["group"], s["threads"], s["blocks"]
+    assert vpt in KERNEL_VPTS, "no kernel for this many vectors per thread: " + where
+    assert 1 <= threads <= max_threads(vpt), "block larger than the kernel's launch bounds: " + where
+    assert group >= 1 and threads % group == 0, where
+    assert group * vpt * vec >= hidden, "a row is not covered: " + where
+    if group <= 32:
+        assert group & (group - 1) == 0, "sub-warp group is not a power of two: " + where
+        assert group == 1 or (group // 2) * vpt * vec < hidden, "group larger than needed: " + where
+    else:
+        assert group % 32 == 0, "multi-warp group is not whole warps: " + where
+        assert (group - 32) * vpt * vec < hidden, "group larger than needed: " + where
+    rows_per_block = threads // group
+    assert blocks * rows_per_block >= rows, "rows left without a block: " + where
+    assert (blocks - 1) * rows_per_block < rows, "a block with no rows: " + where
+
+
+def check_streaming_launch(s, rows, hidden, vec, where):
+    threads = s["threads"]
+    assert s["group"] == threads and s["blocks"] == rows, "streaming is one block per row: " + where
+    assert 32 <= threads <= 1024 and threads % 32 == 0, where
+    assert threads <= max(32, -(-(hidden // vec) // 32) * 32), "idle warps in a streaming block: " + where
+
+
+@pytest.mark.parametrize("vec, hidden, add", CASES, ids=[f"vec{v}-h{h}-{'add' if a else 'norm'}" for v, h, a in CASES])
+def test_launch_shape_invariants(vec, hidden, add):
+    for sms in SMS:
+        for rows in ROWS:
+            s = launch(rows, hidden, vec, add, sms)
+            where = f"rows={rows} hidden={hidden} vec={vec} add={add} sms={sms}: {s}"
+            if s["vecs_per_thread"] == 0:
+                assert not fits_in_registers(hidden, vec), "streaming chosen though registers suffice: " + where
+                check_streaming_launch(s, rows, hidden, vec, where)
+            else:
+                assert fits_in_registers(hidden, vec), "register path for a row too long: " + where
+                check_register_launch(s, rows, hidden, vec, where)
+
+
+@pytest.mark.parametrize(
+    "hidden, vec, streaming",
+    [(65536, 8, True), (131072, 8, True), (4096, 8, False), (16384, 8, False), (65536, 4, True), (8192, 4, False),
+     (65536, 1, True), (2048, 1, False), (2049, 1, True)],
+)
+def test_streaming_only_when_registers_do_not_suffice(hidden, vec, streaming):
+    for add in (False, True):
+        for rows in (1, 64, 1 << 16):
+            assert (launch(rows, hidden, vec, add)["vecs_per_thread"] == 0) == streaming
+
+
+@pytest.mark.parametrize("add", [False, True], ids=["norm", "add"])
+@pytest.mark.parametrize("vec, hidden", [(8, 1024), (8, 4096), (8, 8192), (8, 16384), (4, 4096), (1, 1024)])
+def test_small_batches_use_fewer_vectors_per_thread(vec, hidden, add):
+    """Few rows: spread each row over more threads; many rows: more vectors per thread."""
+    for sms in SMS[1:]:
+        few, many = (launch(rows, hidden, vec, add, sms)["vecs_per_thread"] for rows in (1, 1 << 20))
+        assert 0 < few < many, f"sms={sms}: {few} vectors per thread for 1 row, {many} for 2^20 rows"
+
+
+@pytest.mark.parametrize("vpt", [1, 2, 4, 8])
+@pytest.mark.parametrize("vec, hidden", [(8, 8), (8, 4096), (8, 16384), (4, 5120), (1, 127), (1, 4097)])
+def test_forced_vectors_per_thread(vec, hidden, vpt):
+    """The tuning override gives that many vectors per thread, or -1 where a row cannot fit."""
+    for rows in (1, 1000):
+        s = launch(rows, hidden, vec, vpt=vpt)
+        where = f"rows={rows} hidden={hidden} vec={vec} vpt={vpt}: {s}"
+        if -(-(hidden // vec) // vpt) <= max_threads(vpt):
+            assert s["vecs_per_thread"] == vpt, where
+            check_register_launch(s, rows, hidden, vec, where)
+        else:
+            assert s["vecs_per_thread"] == -1, where
+
+
+@pytest.mark.parametrize("vec, hidden", [(8, 8), (8, 4096), (8, 65536), (1, 4097)])
+def test_forced_streaming(vec, hidden):
+    for rows in (1, 1000):
+        s = launch(rows, hidden, vec, vpt=0)
+        assert s["vecs_per_thread"] == 0
+        check_streaming_launch(s, rows, hidden, vec, f"rows={rows} hidden={hidden} vec={vec}: {s}")
+
+
+# --- importing opforge leaves the GPU alone --------------------------------------------------
+
+
+def test_import_and_cpu_calls_do_not_initialise_cuda():
+    code = (
+        "import opforge, torch\n"
+        "assert not torch.cuda.is_initialized(), 'import initialised CUDA'\n"
+        "opforge.build_info()\n"
+        "x, w = torch.randn(2, 8), torch.randn(8)\n"
+        "opforge.rmsnorm(x, w); opforge.fused_add_rmsnorm(x, x.clone(), w)\n"
+        "opforge.silu_and_mul(x); opforge.scale(x, 2.0); opforge.rmsnorm(x, w, backend='torch')\n"
+        "assert not torch.cuda.is_initialized(), 'a CPU call initialised CUDA'\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPFORGE_")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_extension_is_imported_through_ext_only():
+    """The compiled module is opforge._C; the package exposes what the docs name."""
+    assert opforge._ext._C is _C
+    for name in opforge.__all__:
+        assert hasattr(opforge, name), name
+    assert issubclass(opforge.CudaError, RuntimeError)
+    assert issubclass(opforge.BackendError, ValueError)
+
+
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("vec, hidden", [(8, 4096), (8, 8192), (8, 16384), (4, 8192), (1, 4096), (8, 2048)])
+def test_cluster_launch_for_long_rows_in_small_batches(vec, hidden, add):
+    nv = hidden // vec
+    for rows in (1, 8, 64):
+        s = launch(rows, hidden, vec, add, 132, clusters=True)
+        if nv < 512:
+            assert s["cluster"] == 1, "short rows need no cluster"
+            continue
+        c = s["cluster"]
+        assert c in (2, 4, 8), s
+        assert s["blocks"] == rows * c and s["threads"] == s["group"], s
+        assert s["vecs_per_thread"] == 2 and s["group"] % 32 == 0 and s["group"] <= 1024, s
+        assert s["group"] * 2 * c * vec >= hidden, "the cluster does not cover the row"
+        assert (s["group"] - 32) * 2 * c * vec < hidden or s["group"] == 32, "blocks wider than needed"
+    # A batch that fills the GPU uses the plain register path.
+    assert launch(65536, hidden, vec, add, 132, clusters=True)["cluster"] == 1

@@ -1,0 +1,410 @@
+"""Bad arguments give clear errors: the right exception type, and a message that starts with the
+op's public name and names the offending argument (and what was wrong with it).
+
+The cases are generated from one table of valid arguments per op: each case breaks one thing.
+Checks made by the compiled bindings also hold for backend="cpu" / "torch" and with
+skip_check=True, and a rejected call writes nothing to its outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import opforge
+
+ROWS, H = 4, 8
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str  # public name: messages start with "opforge.<name>:"
+    fn: Callable
+    make: Callable[[], dict]  # valid arguments, the first one the input tensor
+    kind: str  # "scale", "norm", "add_norm" or "act"
+
+
+def _norm_args():
+    return {"input": torch.randn(ROWS, H), "weight": torch.randn(H), "eps": 1e-6, "out": _nan(ROWS, H)}
+
+
+def _add_norm_args():
+    return {"input": torch.randn(ROWS, H), "residual": torch.randn(ROWS, H), "weight": torch.randn(H), "eps": 1e-6,
+            "out": _nan(ROWS, H), "residual_out": _nan(ROWS, H)}
+
+
+def _act_args():
+    return {"input": torch.randn(ROWS, 2 * H), "out": _nan(ROWS, H)}
+
+
+def _scale_args():
+    return {"x": torch.randn(ROWS, H), "factor": 0.5, "out": _nan(ROWS, H)}
+
+
+def _nan(*shape, dtype=torch.float32):
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+SPECS = {
+    "scale": Spec("scale", opforge.scale, _scale_args, "scale"),
+    "rmsnorm": Spec("rmsnorm", opforge.rmsnorm, _norm_args, "norm"),
+    "gemma_rmsnorm": Spec("gemma_rmsnorm", opforge.gemma_rmsnorm, _norm_args, "norm"),
+    "fused_add_rmsnorm": Spec("fused_add_rmsnorm", opforge.fused_add_rmsnorm, _add_norm_args, "add_norm"),
+    "gemma_fused_add_rmsnorm": Spec("gemma_fused_add_rmsnorm", opforge.gemma_fused_add_rmsnorm, _add_norm_args,
+                                    "add_norm"),
+    "silu_and_mul": Spec("silu_and_mul", opforge.silu_and_mul, _act_args, "act"),
+    "gelu_and_mul": Spec("gelu_and_mul", opforge.gelu_and_mul, _act_args, "act"),
+    "gelu_tanh_and_mul": Spec("gelu_tanh_and_mul", opforge.gelu_tanh_and_mul, _act_args, "act"),
+}
+OUTPUTS = ("out", "residual_out")
+
+
+def invoke(spec: Spec, args: dict, **extra):
+    first, *rest = args
+    return spec.fn(args[first], **{k: args[k] for k in rest}, **extra)
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    what: str
+    change: Callable[[dict], None]  # breaks the valid arguments in place
+    exc: type
+    needles: tuple = ()  # substrings the message must contain besides the op name
+    compiled: bool = True  # found by the compiled bindings (so also with skip_check=True)
+
+    def param(self):
+        return pytest.param(self, id=f"{self.op}-{self.what}")
+
+
+def _set(name, make):
+    def change(args):
+        args[name] = make(args)
+
+    return change
+
+
+def _wrong_shape(spec: Spec, name: str):
+    return {
+        "weight": lambda a: torch.randn(H + 1),
+        "residual": lambda a: torch.randn(ROWS, H + 1),
+        "residual_out": lambda a: _nan(ROWS, H + 1),
+        "out": lambda a: _nan(ROWS, 2 * H) if spec.kind == "act" else _nan(ROWS, H + 1),
+    }[name]
+
+
+def _strided_last_dim(t: torch.Tensor) -> torch.Tensor:
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+    return wide[..., ::2]
+
+
+def _cases():
+    cases = []
+    for spec in SPECS.values():
+        op = spec.name
+        valid = spec.make()
+        tensors = [k for k, v in valid.items() if isinstance(v, torch.Tensor)]
+        first = tensors[0]
+
+        # the input's dtype is not supported (all tensors of that dtype)
+        for dt, label in [(torch.float64, "float64"), (torch.int32, "int32"), (torch.bool, "bool"),
+                          (torch.complex64, "complex64")]:
+            def change(args, dt=dt, tensors=tuple(tensors)):
+                for k in tensors:
+                    args[k] = torch.zeros(args[k].shape, dtype=dt)
+
+            cases.append(Case(op, f"dtype-{label}", change, TypeError, (first, label, "float16, bfloat16, float32")))
+
+        for name in tensors:
+            # not a tensor at all (checked in Python: skip_check=True skips it)
+            cases.append(Case(op, f"{name}-list", _set(name, lambda a: [1.0, 2.0]), TypeError, (name, "list"),
+                              compiled=False))
+            # the op has no backward: a tensor that needs grad is refused while grad mode is on
+            cases.append(Case(op, f"{name}-requires-grad", _set(name, lambda a, n=name: a[n].clone().requires_grad_()),
+                              ValueError, (name, "grad"), compiled=False))
+            # last dimension not contiguous
+            cases.append(Case(op, f"{name}-last-dim-stride-2", _set(name, lambda a, n=name: _strided_last_dim(a[n])),
+                              ValueError, (name, "contiguous")))
+            if name == first:
+                continue
+            # another tensor's dtype differs from the input's
+            cases.append(Case(op, f"{name}-dtype-mismatch", _set(name, lambda a, n=name: a[n].half()), TypeError,
+                              (name, "float16", first)))
+            # wrong shape
+            cases.append(Case(op, f"{name}-wrong-shape", _set(name, _wrong_shape(spec, name)), ValueError, (name,)))
+            # on another device than the input (a meta tensor is the other device a CPU machine has)
+            cases.append(Case(op, f"{name}-on-meta", _set(name, lambda a, n=name: a[n].to("meta")), ValueError,
+                              (name, "meta"), compiled=False))
+
+        # the input's rows cannot be addressed with one row stride
+        def non_collapsible(args, spec=spec, first=first):
+            w_in = args[first].shape[-1]
+            args[first] = torch.randn(4, 3, w_in)[:, :2].transpose(0, 1)  # [2, 4, w], rows 3w / w apart
+            w_out = w_in // 2 if spec.kind == "act" else w_in
+            for o in OUTPUTS:
+                if o in args:
+                    args[o] = _nan(2, 4, w_out)
+            if "residual" in args:
+                args["residual"] = torch.randn(2, 4, w_in)
+
+        cases.append(Case(op, "input-rows-not-evenly-strided", non_collapsible, ValueError, (first, "evenly")))
+
+        def out_non_collapsible(args, first=first):
+            w_in, w_out = args[first].shape[-1], args["out"].shape[-1]
+            args[first] = torch.randn(2, 4, w_in)
+            if "residual" in args:
+                args["residual"] = torch.randn(2, 4, w_in)
+                args["residual_out"] = _nan(2, 4, w_in)
+            args["out"] = _nan(4, 3, w_out)[:, :2].transpose(0, 1)  # [2, 4, w], rows 3w / w apart
+
+        cases.append(Case(op, "out-rows-not-evenly-strided", out_non_collapsible, ValueError, ("out", "evenly")))
+
+        # out rows that overlap each other (expanded / broadcast)
+        cases.append(Case(op, "out-expanded", _set("out", lambda a: _nan(1, a["out"].shape[-1]).expand(*a["out"].shape)),
+                          ValueError, ("out", "overlap")))
+
+        # out overlaps the input without being the same view of it
+        def out_overlaps_input(args, first=first):
+            src = args[first]
+            buf = torch.randn(src.numel() + 1)
+            args[first] = buf[1:].view(src.shape)
+            n = args["out"].numel()
+            args["out"] = buf[:n].view(args["out"].shape)
+
+        cases.append(Case(op, "out-partly-overlaps-input", out_overlaps_input, ValueError, ("out", "overlaps", first)))
+
+        if spec.kind in ("norm", "add_norm"):
+            cases.append(Case(op, "input-0d", _0d_norm, ValueError, ("input", "0-d")))
+            cases.append(Case(op, "weight-2d", _set("weight", lambda a: torch.randn(1, H)), ValueError, ("weight",)))
+            cases.append(Case(op, "out-is-weight", _out_is_weight, ValueError, ("out", "weight")))
+            for eps in (-1.0, float("nan"), float("inf")):
+                cases.append(Case(op, f"eps-{eps}", _set("eps", lambda a, e=eps: e), ValueError, ("eps",)))
+            for eps, label in (("1e-6", "str"), (None, "NoneType"), (True, "bool")):
+                cases.append(Case(op, f"eps-{label}", _set("eps", lambda a, e=eps: e), TypeError, ("eps", label),
+                                  compiled=False))
+        if spec.kind == "add_norm":
+            cases.append(Case(op, "residual_out-is-out", _set("residual_out", lambda a: a["out"]), ValueError,
+                              ("residual_out", "out")))
+            cases.append(Case(op, "residual_out-partly-overlaps-residual", _res_out_overlaps_residual, ValueError,
+                              ("residual_out", "residual")))
+            cases.append(Case(op, "out-partly-overlaps-residual", _out_overlaps_residual, ValueError,
+                              ("out", "residual")))
+        if spec.kind == "act":
+            cases.append(Case(op, "odd-last-dim", _odd_act, ValueError, ("input", "even")))
+            cases.append(Case(op, "out-inside-input", _set("out", lambda a: a["input"][:, :H]), ValueError,
+                              ("out", "overlaps")))
+            cases.append(Case(op, "input-0d", _0d_act, ValueError, ("input",)))
+        if spec.kind == "scale":
+            for factor in ("2", None, True, torch.tensor(2.0)):
+                label = type(factor).__name__
+                cases.append(Case(op, f"factor-{label}", _set("factor", lambda a, f=factor: f), TypeError,
+                                  ("factor", label), compiled=False))
+    return cases
+
+
+def _0d_norm(args):
+    args["input"] = torch.tensor(1.0)
+    args["weight"] = torch.randn(1)
+    for k in ("out", "residual_out"):
+        args.pop(k, None)
+    if "residual" in args:
+        args["residual"] = torch.tensor(2.0)
+
+
+def _0d_act(args):
+    args["input"] = torch.tensor(1.0)
+    args.pop("out")
+
+
+def _out_is_weight(args):
+    args["input"] = torch.randn(1, H)
+    for k in ("residual", "residual_out"):
+        if k in args:
+            args[k] = torch.randn(1, H)
+    args["out"] = args["weight"].view(1, H)
+
+
+def _res_out_overlaps_residual(args):
+    buf = torch.randn(ROWS * H + 1)
+    args["residual"] = buf[1:].view(ROWS, H)
+    args["residual_out"] = buf[:-1].view(ROWS, H)
+
+
+def _out_overlaps_residual(args):
+    buf = torch.randn(ROWS * H + 1)
+    args["residual"] = buf[1:].view(ROWS, H)
+    args["out"] = buf[:-1].view(ROWS, H)
+
+
+def _odd_act(args):
+    args["input"] = torch.randn(ROWS, 2 * H - 1)
+    args["out"] = _nan(ROWS, H - 1)
+
+
+CASES = _cases()
+COMPILED = [c for c in CASES if c.compiled]
+
+
+def _run_case(case: Case, **extra):
+    spec = SPECS[case.op]
+    args = spec.make()
+    original = dict(args)
+    case.change(args)
+    with pytest.raises(case.exc) as info:
+        invoke(spec, args, **extra)
+    message = str(info.value)
+    assert message.startswith(f"opforge.{case.op}:"), f"message does not start with the op name: {message!r}"
+    for needle in case.needles:
+        assert needle in message, f"{needle!r} not in message {message!r}"
+    # Validation happens before anything is written: untouched outputs are still all NaN.
+    for name in OUTPUTS:
+        t = original.get(name)
+        if t is not None and args.get(name) is t:
+            assert torch.isnan(t).all(), f"{name} was written by a rejected call"
+    return info.value
+
+
+@pytest.mark.parametrize("case", [c.param() for c in CASES])
+def test_bad_argument(case):
+    _run_case(case)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("case", [c.param() for c in COMPILED])
+def test_bad_argument_other_backends(case, backend):
+    """The compiled validation also guards backend="cpu" and backend="torch" (plain PyTorch)."""
+    _run_case(case, backend=backend)
+
+
+@pytest.mark.parametrize("case", [c.param() for c in COMPILED])
+def test_bad_argument_with_skip_check(case):
+    """skip_check=True skips only the Python checks: the compiled bindings still refuse."""
+    _run_case(case, skip_check=True)
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_unknown_backend(op):
+    spec = SPECS[op]
+    with pytest.raises(opforge.BackendError) as info:
+        invoke(spec, spec.make(), backend="triton")
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert message.startswith(f"opforge.{op}:") and "'triton'" in message
+    for name in ("'auto'", "'cuda'", "'cpu'", "'torch'"):
+        assert name in message
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_cuda_backend_on_cpu_tensors(op):
+    spec = SPECS[op]
+    with pytest.raises(ValueError) as info:
+        invoke(spec, spec.make(), backend="cuda")
+    message = str(info.value)
+    assert message.startswith(f"opforge.{op}:") and "CUDA" in message and "cpu" in message
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_requires_grad_is_fine_without_grad_mode(op):
+    """Tensors that require grad (nn.Parameter weights) are accepted under no_grad."""
+    spec = SPECS[op]
+    args = spec.make()
+    first = next(iter(args))
+    args[first] = args[first].requires_grad_()
+    if "weight" in args:
+        args["weight"] = torch.nn.Parameter(args["weight"])
+    with torch.no_grad():
+        invoke(spec, args)
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_exact_in_place_alias_is_allowed_where_documented(op):
+    """out=input is allowed for scale and the norms, refused for act-and-mul (different widths)."""
+    spec = SPECS[op]
+    args = spec.make()
+    first = next(iter(args))
+    if spec.kind == "act":
+        args["out"] = args[first][:, :H]
+        with pytest.raises(ValueError, match="overlaps"):
+            invoke(spec, args)
+        return
+    args["out"] = args[first]
+    if spec.kind == "add_norm":
+        args["residual_out"] = args["residual"]
+    assert invoke(spec, args) is not None
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_disjoint_interleaved_output_is_accepted(op):
+    """out and input as disjoint column ranges of one buffer (rows interleaved in memory, but no
+    element shared) do not overlap: the call must run and give the result of separate tensors."""
+    spec = SPECS[op]
+    args = spec.make()
+    first = next(iter(args))
+    expected = invoke(spec, {**args, "out": None, **({"residual_out": None} if "residual_out" in args else {})})
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    w_in, w_out = args[first].shape[-1], args["out"].shape[-1]
+    buf = torch.full((ROWS, w_in + w_out), float("nan"))
+    buf[:, :w_in] = args[first]
+    args[first], args["out"] = buf[:, :w_in], buf[:, w_in:]
+    result = invoke(spec, args)
+    got = result[0] if isinstance(result, tuple) else result
+    assert got is args["out"]
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.int8, torch.uint8, torch.int64, torch.complex128, torch.float8_e4m3fn,
+              torch.float8_e5m2], ids=str)
+def test_unsupported_dtype_is_named_as_torch_names_it(dtype):
+    with pytest.raises(TypeError) as info:
+        opforge.scale(torch.zeros(4, 8, dtype=dtype), 2.0)
+    message = str(info.value)
+    assert str(dtype).removeprefix("torch.") in message, message
+    assert "accepted: float16, bfloat16, float32" in message
+
+
+# --- devices ---------------------------------------------------------------------------------
+
+
+def _device_mix_cases():
+    params = []
+    for spec in SPECS.values():
+        valid = spec.make()
+        tensors = [k for k, v in valid.items() if isinstance(v, torch.Tensor)]
+        for name in tensors[1:]:
+            for input_device in ("cuda", "cpu"):
+                params.append(pytest.param(spec.name, name, input_device, marks=pytest.mark.gpu,
+                                           id=f"{spec.name}-{name}-input-on-{input_device}"))
+    return params
+
+
+@pytest.mark.parametrize("op, name, input_device", _device_mix_cases())
+def test_tensors_on_different_devices(op, name, input_device):
+    spec = SPECS[op]
+    args = spec.make()
+    other = "cpu" if input_device == "cuda" else "cuda"
+    for k, v in args.items():
+        if isinstance(v, torch.Tensor):
+            args[k] = v.to(other if k == name else input_device)
+    with pytest.raises(ValueError) as info:
+        invoke(spec, args)
+    message = str(info.value)
+    assert message.startswith(f"opforge.{op}:") and name in message
+    assert "cpu" in message and "cuda:0" in message
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or opforge.build_info()["cuda"],
+    reason="needs a CUDA device and an opforge build without CUDA kernels",
+)
+@pytest.mark.parametrize("op", list(SPECS))
+def test_cuda_tensor_on_a_build_without_cuda(op):
+    spec = SPECS[op]
+    args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in spec.make().items()}
+    with pytest.raises(RuntimeError) as info:
+        invoke(spec, args)
+    message = str(info.value)
+    assert message.startswith(f"opforge.{op}:") and "CUDA_ARCH_LIST" in message

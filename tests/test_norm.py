@@ -1,0 +1,449 @@
+"""RMSNorm family: rmsnorm, gemma_rmsnorm, fused_add_rmsnorm, gemma_fused_add_rmsnorm.
+
+Every result is compared with an fp64 reference computed from the same inputs; 16-bit results
+must also be the reference rounded once (fp32 math, one rounding to the dtype), and the fused
+ops' residual_out must be bit-identical to the fp32 sum rounded to the dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opforge
+from opforge import _C
+from opforge._ext import to_capsule
+from conftest import (
+    DEVICES,
+    DTYPES,
+    LAYOUTS,
+    assert_close,
+    assert_rounded_once,
+    assert_same_bits,
+    dtype_id,
+    laid_out,
+    outside_view,
+    poisoned,
+    poisoned_like,
+    ref_residual,
+    ref_rmsnorm,
+    shape_params,
+)
+
+#: name -> (op, gemma, fused add)
+OPS = {
+    "rmsnorm": (opforge.rmsnorm, False, False),
+    "gemma_rmsnorm": (opforge.gemma_rmsnorm, True, False),
+    "fused_add_rmsnorm": (opforge.fused_add_rmsnorm, False, True),
+    "gemma_fused_add_rmsnorm": (opforge.gemma_fused_add_rmsnorm, True, True),
+}
+FUSED = [name for name, (_, _, add) in OPS.items() if add]
+HIDDEN = (1, 2, 3, 7, 8, 16, 33, 127, 128, 1000, 4096, 4097, 5120, 8192, 16384, 65536)
+
+dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+ops = pytest.mark.parametrize("name", list(OPS))
+fused_ops = pytest.mark.parametrize("name", FUSED)
+devices = pytest.mark.parametrize("device", DEVICES)
+
+
+def make_inputs(rng, name, shape, dtype, device, weight_scale=1.0):
+    """(input, residual or None, weight) with fresh random values."""
+    _, gemma, add = OPS[name]
+    x = rng.randn(*shape, dtype=dtype, device=device)
+    residual = rng.randn(*shape, dtype=dtype, device=device) if add else None
+    # Gemma checkpoints store small weights around 0 (applied as 1 + w).
+    w = rng.randn(shape[-1], dtype=dtype, device=device, scale=0.1 if gemma else weight_scale)
+    return x, residual, w
+
+
+def call(name, x, residual, w, eps=1e-6, out=None, residual_out=None, **kw):
+    """Runs the op; returns (out, residual_out or None)."""
+    fn, _, add = OPS[name]
+    if add:
+        return fn(x, residual, w, eps, out=out, residual_out=residual_out, **kw)
+    return fn(x, w, eps, out=out, **kw), None
+
+
+def check(name, got_out, got_res, x, residual, w, eps=1e-6):
+    """Compares with the references computed from (copies of) the inputs before the call."""
+    _, gemma, add = OPS[name]
+    ref = ref_rmsnorm(x, w, eps, gemma, residual)
+    assert_close(got_out, ref, what=f"{name} out")
+    if x.dtype != torch.float32:
+        assert_rounded_once(got_out, ref, what=f"{name} out")
+    if add:
+        assert_same_bits(got_res, ref_residual(x, residual), what=f"{name} residual_out")
+
+
+@ops
+@dtypes
+@pytest.mark.parametrize("device, rows, hidden", shape_params(HIDDEN))
+def test_matches_reference(rng, name, dtype, device, rows, hidden):
+    _, _, add = OPS[name]
+    x, residual, w = make_inputs(rng, name, (rows, hidden), dtype, device)
+    originals = [t.clone() for t in (x, residual, w) if t is not None]
+    out = poisoned_like(x)
+    residual_out = poisoned_like(x) if add else None
+
+    got_out, got_res = call(name, x, residual, w, out=out, residual_out=residual_out)
+
+    assert got_out is out
+    assert got_res is residual_out
+    for before, after in zip(originals, [t for t in (x, residual, w) if t is not None]):
+        assert_same_bits(after, before, what="an input (must not be modified)")
+    check(name, got_out, got_res, x, residual, w)
+
+
+@ops
+@dtypes
+@devices
+@pytest.mark.parametrize("shape", [(2, 5, 128), (3, 1, 33), (1, 7), (4097,)], ids=str)
+def test_allocates_output_of_input_shape(rng, name, dtype, device, shape):
+    _, _, add = OPS[name]
+    x, residual, w = make_inputs(rng, name, shape, dtype, device)
+    got_out, got_res = call(name, x, residual, w)
+    for t in (got_out, got_res) if add else (got_out,):
+        assert t.shape == x.shape and t.dtype == dtype and t.device == x.device
+        assert t.data_ptr() not in (x.data_ptr(), w.data_ptr())
+    check(name, got_out, got_res, x, residual, w)
+
+
+@ops
+@dtypes
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    "device, rows, hidden",
+    [pytest.param("cpu", 6, h, id=f"cpu-6x{h}") for h in (8, 127, 4096)]
+    + [pytest.param("cuda", 130, h, marks=pytest.mark.gpu, id=f"cuda-130x{h}") for h in (8, 127, 4096, 5120, 65536)],
+)
+def test_strided_and_misaligned_layouts(rng, name, dtype, layout, device, rows, hidden):
+    """Inputs and outputs as rows of wider tensors, one element off alignment, or 3-D qkv slices;
+    nothing outside the output views may be written."""
+    _, _, add = OPS[name]
+    x0, r0, w = make_inputs(rng, name, (rows, hidden), dtype, device)
+    x = laid_out(x0, layout)
+    residual = laid_out(r0, layout) if add else None
+    out = laid_out(poisoned_like(x0), layout, fill=7.0)
+    residual_out = laid_out(poisoned_like(x0), layout, fill=7.0) if add else None
+
+    got_out, got_res = call(name, x, residual, w, out=out, residual_out=residual_out)
+
+    assert got_out is out
+    check(name, got_out, got_res, x, residual, w)
+    for t in (out, residual_out) if add else (out,):
+        if t._base is not None:
+            assert (outside_view(t) == 7.0).all(), "wrote outside the output view"
+
+
+@ops
+@dtypes
+@pytest.mark.parametrize("layout", ["contiguous", "padded", "misaligned", "qkv"])
+@pytest.mark.parametrize(
+    "device, hidden",
+    [pytest.param("cpu", h, id=f"cpu-{h}") for h in (1000, 65536)]
+    + [pytest.param("cuda", h, marks=pytest.mark.gpu, id=f"cuda-{h}") for h in (1000, 4096, 65536)],
+)
+def test_in_place(rng, name, dtype, device, layout, hidden):
+    """out=input (and residual_out=residual) updates the tensors in place (65536: the streaming
+    kernel, which reads each row twice)."""
+    _, _, add = OPS[name]
+    x0, r0, w = make_inputs(rng, name, (6, hidden), dtype, device)
+    x = laid_out(x0, layout)
+    residual = laid_out(r0, layout) if add else None
+    got_out, got_res = call(name, x, residual, w, out=x, residual_out=residual)
+    assert got_out is x
+    assert got_res is residual
+    check(name, x, residual, x0.view(x.shape), r0.view(x.shape) if add else None, w)
+
+
+@fused_ops
+@dtypes
+@devices
+def test_fused_in_place_swapped(rng, name, dtype, device):
+    """out=residual, residual_out=input is also an exact alias of an input: allowed."""
+    x, r, w = make_inputs(rng, name, (5, 4096), dtype, device)
+    x0, r0 = x.clone(), r.clone()
+    got_out, got_res = call(name, x, r, w, out=r, residual_out=x)
+    assert got_out is r and got_res is x
+    check(name, r, x, x0, r0, w)
+
+
+@fused_ops
+@devices
+def test_fused_norm_uses_unrounded_sum(name, device):
+    """fp16: 60000 + 10000 overflows the dtype, so residual_out is inf, but the norm of the fp32
+    sum is finite: out must not be computed from the rounded residual_out."""
+    x = torch.full((2, 16), 60000.0, dtype=torch.float16, device=device)
+    r = torch.full((2, 16), 10000.0, dtype=torch.float16, device=device)
+    r[:, ::2] = -10000.0
+    w = torch.full((16,), 0.5, dtype=torch.float16, device=device)
+    got_out, got_res = call(name, x, r, w)
+    assert torch.isinf(got_res[:, 1::2]).all()
+    assert torch.isfinite(got_out).all()
+    check(name, got_out, got_res, x, r, w)
+
+
+@ops
+@devices
+def test_fp16_math_is_fp32(name, device):
+    """Squares of 2e4 overflow fp16 (max 65504); fp32 math normalises them correctly."""
+    x = torch.tensor([[2.0e4, -3.0e4, 1.0e4, 2.5e4, 5.0, -60000.0, 0.0, 1.0]], dtype=torch.float16, device=device)
+    w = torch.linspace(-1, 1, 8, dtype=torch.float16, device=device)
+    residual = torch.zeros_like(x) if OPS[name][2] else None
+    got_out, got_res = call(name, x, residual, w)
+    assert torch.isfinite(got_out).all()
+    check(name, got_out, got_res, x, residual, w)
+
+
+@ops
+@devices
+@pytest.mark.parametrize("eps", [0.0, 1e-2, 1.0, 10])
+def test_eps_is_applied(rng, name, device, eps):
+    x, residual, w = make_inputs(rng, name, (4, 64), torch.float32, device)
+    x = x * 0.05  # mean square around eps, so eps changes the result
+    if residual is not None:
+        residual = residual * 0.05
+    got_out, got_res = call(name, x, residual, w, eps=eps)
+    check(name, got_out, got_res, x, residual, w, eps=eps)
+
+
+@ops
+@dtypes
+@devices
+def test_zero_rows_give_zeros(name, dtype, device):
+    x = torch.zeros(3, 256, dtype=dtype, device=device)
+    w = torch.ones(256, dtype=dtype, device=device)
+    residual = torch.zeros_like(x) if OPS[name][2] else None
+    got_out, _ = call(name, x, residual, w)
+    assert (got_out == 0).all()
+
+
+@ops
+@devices
+@pytest.mark.parametrize("shape", [(0, 64), (2, 0, 64), (3, 0), (0,)], ids=str)
+def test_empty(name, device, shape):
+    _, _, add = OPS[name]
+    x = torch.empty(shape, device=device)
+    w = torch.ones(shape[-1], device=device)
+    residual = torch.empty(shape, device=device) if add else None
+    got_out, got_res = call(name, x, residual, w)
+    assert got_out.shape == x.shape
+    if add:
+        assert got_res.shape == x.shape
+
+
+@ops
+@dtypes
+@devices
+def test_broadcast_input_rows(rng, name, dtype, device):
+    """Read-only inputs may repeat one row (row stride 0); every output row is its norm."""
+    _, _, add = OPS[name]
+    row, r_row, w = make_inputs(rng, name, (1, 48), dtype, device)
+    x = row.expand(5, 48)
+    residual = r_row.expand(5, 48) if add else None
+    out = poisoned((5, 48), dtype, device)
+    residual_out = poisoned((5, 48), dtype, device) if add else None
+    got_out, got_res = call(name, x, residual, w, out=out, residual_out=residual_out)
+    check(name, got_out, got_res, x, residual, w)
+
+
+@ops
+@dtypes
+@devices
+@pytest.mark.parametrize("backend", ["torch", "native", "auto"])
+def test_backends(rng, name, dtype, device, backend):
+    """backend="torch" (plain PyTorch) and the explicit native backend give the reference too;
+    the native backend named explicitly is bit-identical to auto."""
+    x, residual, w = make_inputs(rng, name, (7, 1000), dtype, device)
+    chosen = device if backend == "native" else backend
+    got_out, got_res = call(name, x, residual, w, backend=chosen)
+    check(name, got_out, got_res, x, residual, w)
+    auto_out, auto_res = call(name, x, residual, w)
+    if chosen != "torch":
+        assert_same_bits(got_out, auto_out)
+    else:
+        assert_close(got_out, auto_out.double(), what="torch backend vs native")
+
+
+@ops
+@devices
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode"])
+def test_parameter_weight_without_grad(rng, name, device, grad_mode):
+    x, residual, w = make_inputs(rng, name, (3, 64), torch.float32, device)
+    p = torch.nn.Parameter(w.clone())
+    with torch.no_grad() if grad_mode == "no_grad" else torch.inference_mode():
+        got_out, got_res = call(name, x, residual, p)
+    check(name, got_out, got_res, x, residual, w)
+
+
+@ops
+@dtypes
+@devices
+def test_deterministic(rng, name, dtype, device):
+    x, residual, w = make_inputs(rng, name, (64, 4096), dtype, device)
+    first = call(name, x, residual, w)
+    second = call(name, x, residual, w)
+    for a, b in zip(first, second):
+        if a is not None:
+            assert_same_bits(a, b)
+
+
+@ops
+def test_positional_and_keyword_arguments(rng, name):
+    fn, _, add = OPS[name]
+    x, residual, w = make_inputs(rng, name, (3, 40), torch.float32, "cpu")
+    if add:
+        a = fn(x, residual, w, 1e-5)
+        b = fn(input=x, residual=residual, weight=w, eps=1e-5)
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    else:
+        assert torch.equal(fn(x, w, 1e-5), fn(input=x, weight=w, eps=1e-5))
+
+
+# --- CUDA only -------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@ops
+@dtypes
+@pytest.mark.parametrize("hidden", [7, 4096, 5120, 65536])
+def test_cpu_and_cuda_agree(rng, name, dtype, hidden):
+    x, residual, w = make_inputs(rng, name, (9, hidden), dtype, "cpu")
+    cpu_out, cpu_res = call(name, x, residual, w)
+    to = (lambda t: None if t is None else t.cuda())
+    gpu_out, gpu_res = call(name, to(x), to(residual), to(w))
+    assert_close(gpu_out.cpu(), cpu_out.double(), what="cuda vs cpu out")
+    if cpu_res is not None:
+        assert_same_bits(gpu_res.cpu(), cpu_res, what="cuda vs cpu residual_out")
+
+
+@pytest.mark.gpu
+@dtypes
+def test_cuda_graph_capture_and_replay(rng, dtype):
+    """A graph of several norm calls (one allocating its output, one fused in place) replays
+    correctly on new input values."""
+    h = 4096
+    x = torch.zeros(8, h, dtype=dtype, device="cuda")
+    r = torch.zeros(8, h, dtype=dtype, device="cuda")
+    w = rng.randn(h, dtype=dtype, device="cuda")
+    out = torch.empty_like(x)
+
+    def step():
+        opforge.rmsnorm(x, w, out=out)
+        g = opforge.gemma_rmsnorm(x, w)
+        opforge.fused_add_rmsnorm(x, r, w, out=x, residual_out=r)
+        return g
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemma_out = step()
+
+    for _ in range(2):
+        x0 = rng.randn(8, h, dtype=dtype, device="cuda")
+        r0 = rng.randn(8, h, dtype=dtype, device="cuda")
+        x.copy_(x0)
+        r.copy_(r0)
+        graph.replay()
+        torch.cuda.synchronize()
+        check("rmsnorm", out, None, x0, None, w)
+        check("gemma_rmsnorm", gemma_out, None, x0, None, w)
+        check("fused_add_rmsnorm", x, r, x0, r0, w)
+
+
+@pytest.mark.gpu
+@ops
+def test_runs_on_the_current_stream(rng, name):
+    """The kernel is ordered after earlier work on a user stream: the input is written there
+    after a long sleep, so a kernel launched on another stream would read stale values."""
+    x0, r0, w = make_inputs(rng, name, (64, 4096), torch.bfloat16, "cuda")
+    x = torch.zeros_like(x0)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x.copy_(x0)
+        got_out, got_res = call(name, x, r0, w)
+    side.synchronize()
+    check(name, got_out, got_res, x0, r0, w)
+
+
+@pytest.mark.gpu
+@ops
+def test_tensor_on_a_device_that_is_not_current(rng, name):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    x, residual, w = make_inputs(rng, name, (16, 4096), torch.bfloat16, "cuda:1")
+    with torch.cuda.device(0):
+        got_out, got_res = call(name, x, residual, w)
+    torch.cuda.synchronize(1)
+    assert got_out.device == torch.device("cuda:1")
+    check(name, got_out, got_res, x, residual, w)
+
+
+
+@pytest.mark.gpu
+@ops
+@pytest.mark.parametrize("hidden", [3, 8, 128])
+def test_many_short_rows(rng, name, hidden):
+    x, residual, w = make_inputs(rng, name, (1 << 20, hidden), torch.bfloat16, "cuda")
+    got_out, got_res = call(name, x, residual, w)
+    check(name, got_out, got_res, x, residual, w)
+
+
+@pytest.mark.gpu
+def test_more_than_2_31_elements(rng):
+    """Offsets past 2^31 elements (int32 overflow) land in the right rows."""
+    if torch.cuda.get_device_properties(0).total_memory < 40 << 30:
+        pytest.skip("needs 40 GiB of GPU memory")
+    rows, h = 65537, 32768
+    x = torch.empty(rows, h, dtype=torch.bfloat16, device="cuda")
+    x[-4:] = rng.randn(4, h, dtype=torch.bfloat16, device="cuda")
+    x[:-4] = 1.0
+    r = torch.ones_like(x)
+    w = rng.randn(h, dtype=torch.bfloat16, device="cuda")
+    out, res = opforge.fused_add_rmsnorm(x, r, w)
+    check("fused_add_rmsnorm", out[-4:], res[-4:], x[-4:], r[-4:], w)
+    check("fused_add_rmsnorm", out[:2], res[:2], x[:2], r[:2], w)
+    del out, res, r
+    out = opforge.rmsnorm(x, w)
+    check("rmsnorm", out[-4:], None, x[-4:], None, w)
+
+
+@pytest.mark.gpu
+@ops
+@dtypes
+@pytest.mark.parametrize("vpt", [0, 1, 2, 4, 8])
+@pytest.mark.parametrize("hidden, layout", [(8, "contiguous"), (127, "contiguous"), (4096, "contiguous"),
+                                            (4096, "offset"), (5120, "padded"), (16384, "contiguous")])
+def test_every_kernel_variant(rng, name, dtype, vpt, hidden, layout):
+    """Every CUDA kernel instantiation, forced through the launch-shape override used for
+    tuning (not only the ones the heuristic picks for these shapes); an override that cannot
+    fit the row is refused with a CudaError instead of launching."""
+    _, gemma, add = OPS[name]
+    rows = 37
+    x0, r0, w = make_inputs(rng, name, (rows, hidden), dtype, "cuda")
+    x = laid_out(x0, layout)
+    residual = laid_out(r0, layout) if add else None
+    out = laid_out(poisoned_like(x0), layout)
+    residual_out = laid_out(poisoned_like(x0), layout) if add else None
+    wide = 16 // dtype.itemsize
+    vec = wide if layout != "offset" and hidden % wide == 0 else 1
+    feasible = _C.norm_launch_shape(rows, hidden, vec, add, 132, vpt)["vecs_per_thread"] == vpt
+
+    def run():
+        _C.norm(to_capsule(out), to_capsule(x), None if residual is None else to_capsule(residual),
+                None if residual_out is None else to_capsule(residual_out), to_capsule(w), 1e-6, gemma,
+                torch.cuda.current_stream().cuda_stream, True, vpt=vpt)
+        torch.cuda.synchronize()
+
+    if not feasible:
+        with pytest.raises(opforge.CudaError):
+            run()
+        return
+    run()
+    check(name, out, residual_out, x, residual, w)
