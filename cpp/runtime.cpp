@@ -26,19 +26,17 @@ void bind_runtime(nb::module_& m) {
   });
   m.def(
       "norm_launch_shape",
-      [](int64_t rows, int64_t hidden, int vec, bool add, int sms, int vpt, bool clusters) {
-        const RowLaunch l = choose_norm_launch(rows, hidden / vec, add, sms, clusters, vpt);
+      [](int64_t rows, int64_t hidden, int vec, bool add, int sms, int vpt) {
+        const RowLaunch l = choose_norm_launch(rows, hidden / vec, add, sms, vpt);
         nb::dict d;
         d["vecs_per_thread"] = l.vecs_per_thread;
         d["group"] = l.group;
         d["threads"] = l.threads;
         d["blocks"] = l.blocks;
-        d["cluster"] = l.cluster;
         return d;
       },
-      nb::arg("rows"), nb::arg("hidden"), nb::arg("vec"), nb::arg("add"), nb::arg("sms"), nb::arg("vpt") = -1, nb::arg("clusters") = false,
-      "The launch the CUDA norm kernel picks for a shape (vec: elements per access, add: fused residual,\n"
-      "clusters: the GPU has thread-block clusters, sm_90+).");
+      nb::arg("rows"), nb::arg("hidden"), nb::arg("vec"), nb::arg("add"), nb::arg("sms"), nb::arg("vpt") = -1,
+      "The launch the CUDA norm kernel picks for a shape (vec: elements per access, add: fused residual).");
 }
 
 }  // namespace opforge

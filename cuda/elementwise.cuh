@@ -77,7 +77,8 @@ template <typename T, int VEC, typename Op>
 int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream) {
   if (s.rows == 0 || s.cols == 0) return 0;
   const int64_t vectors = s.rows * ((s.cols + VEC - 1) / VEC);
-  if (vectors < int64_t(sm_count(device)) * 1024) return launch_unrolled<T, VEC, 1>(out, in, s, op, stream);
+  // 4 vectors per thread only once that still gives every resident thread (2048 per SM) work.
+  if (vectors < int64_t(sm_count(device)) * 2048 * 4) return launch_unrolled<T, VEC, 1>(out, in, s, op, stream);
   return launch_unrolled<T, VEC, 4>(out, in, s, op, stream);
 }
 

@@ -1,7 +1,6 @@
 // One parametric RMSNorm kernel for every norm variant: plain or fused with a residual add
 // (compile-time ADD), with weight or Gemma's (1 + weight) (run-time weight_offset), in
 // fp32/fp16/bf16 with 16-byte or scalar accesses. All math is fp32.
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "device.h"
@@ -12,25 +11,6 @@
 namespace opforge::cuda {
 namespace {
 
-// Sum of one float per block over the blocks of this thread-block cluster, in rank order (so
-// every block gets the same bits). Only launched with clusters on sm_90 and newer.
-__device__ __forceinline__ float cluster_sum(float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ float partial;
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) partial = v;
-  cluster.sync();
-  float total = 0.f;
-  for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += *cluster.map_shared_rank(&partial, r);
-  cluster.sync();  // no block may exit while another still reads its partial
-  return total;
-#else
-  __trap();  // the host never picks clusters below sm_90
-  return v;
-#endif
-}
-
 template <int VPT>
 constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_max_threads(VPT)
 
@@ -40,20 +20,9 @@ constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_m
 // addresses of out-of-range vectors are clamped to valid ones instead of branched around, so
 // nothing serialises the memory round trips.
 template <typename T, int VEC, int VPT, bool ADD>
-__global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p, const int group,
-                                                                    const int cluster) {
+__global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p, const int group) {
   __shared__ float scratch[32];
-  // Without a cluster a block holds blockDim.x / group rows; with one, `cluster` consecutive
-  // blocks split one row into slices of whole vectors.
-  int64_t row, col0 = 0, col_end = p.hidden;
-  if (cluster > 1) {
-    row = blockIdx.x / cluster;
-    const int64_t slice = (p.hidden / VEC + cluster - 1) / cluster * VEC;
-    col0 = (blockIdx.x % cluster) * slice;
-    col_end = col0 + slice < p.hidden ? col0 + slice : p.hidden;
-  } else {
-    row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
-  }
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const int lane = threadIdx.x % group;
   const bool active = row < p.rows;
   const int64_t r = active ? row : 0;  // rows past the end read row 0 and write nothing
@@ -66,9 +35,9 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   bool ok[VPT];
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int64_t c = col0 + (int64_t(i) * group + lane) * VEC;
-    ok[i] = c < col_end;
-    const int64_t cc = ok[i] ? c : col0;
+    const int64_t c = (int64_t(i) * group + lane) * VEC;
+    ok[i] = c < p.hidden;
+    const int64_t cc = ok[i] ? c : 0;
     xr[i] = load_vec<T, VEC>(in + cc);
     if constexpr (ADD) rr[i] = load_vec<T, VEC>(res + cc);
     wr[i] = load_vec_reused<T, VEC>(w + cc);
@@ -97,7 +66,6 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
     }
   }
   ss = group_sum(ss, group, scratch);
-  if (cluster > 1) ss = cluster_sum(ss);
   const float rstd = rsqrtf(ss / static_cast<float>(p.hidden) + p.eps);
 
   if (!active) return;
@@ -106,7 +74,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (!ok[i]) continue;
-    const int64_t c = col0 + (int64_t(i) * group + lane) * VEC;
+    const int64_t c = (int64_t(i) * group + lane) * VEC;
     float s[VEC], wv[VEC], y[VEC];
     sum_at(i, s);
     if constexpr (ADD) store_float<T, VEC>(res_out + c, s);
@@ -167,34 +135,16 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
   }
 }
 
-template <typename Kernel>
-int launch_cluster(Kernel kernel, const RowLaunch& l, cudaStream_t stream, const NormParams& p) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(l.blocks));
-  config.blockDim = dim3(static_cast<unsigned>(l.threads));
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(l.cluster);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return static_cast<int>(cudaLaunchKernelEx(&config, kernel, p, l.group, l.cluster));
-}
-
 template <typename T, int VEC, bool ADD>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
-  const bool clusters = compute_capability(device) >= 90;
-  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, ADD, sm_count(device), clusters, p.force_vpt);
-  if (l.cluster > 1) return launch_cluster(norm_rows_kernel<T, VEC, 2, ADD>, l, stream, p);
+  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, ADD, sm_count(device), p.force_vpt);
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
     case 0: norm_rows_streaming_kernel<T, VEC, ADD><<<l.blocks, l.threads, 0, stream>>>(p); break;
-    case 1: norm_rows_kernel<T, VEC, 1, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group, 1); break;
-    case 2: norm_rows_kernel<T, VEC, 2, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group, 1); break;
-    case 4: norm_rows_kernel<T, VEC, 4, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group, 1); break;
-    case 8: norm_rows_kernel<T, VEC, 8, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group, 1); break;
+    case 1: norm_rows_kernel<T, VEC, 1, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
+    case 2: norm_rows_kernel<T, VEC, 2, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
+    case 4: norm_rows_kernel<T, VEC, 4, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
+    case 8: norm_rows_kernel<T, VEC, 8, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
     default: return static_cast<int>(cudaErrorInvalidConfiguration);
   }
   return last_launch_status();

@@ -49,11 +49,12 @@ struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
-// Cache-streaming access (ld/st.global.cs) for data touched once: it should not evict what is
-// reused (weights). Coherent, so it stays correct when an output is also an input (in place).
+// Plain (coherent, default cache policy) access for row data: correct when an output is also an
+// input (in place), and what a row was just written with stays in L2 for the op that reads it
+// next (decode batches live in L2 from op to op).
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
-  const auto bits = __ldcs(reinterpret_cast<const typename Vec<T, N>::Bits*>(p));
+  const auto bits = *reinterpret_cast<const typename Vec<T, N>::Bits*>(p);
   Vec<T, N> r;
   memcpy(&r, &bits, sizeof(r));
   return r;
@@ -81,7 +82,7 @@ __device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
   for (int i = 0; i < N; ++i) raw.v[i] = from_float<T>(in[i]);
   typename Vec<T, N>::Bits bits;
   memcpy(&bits, &raw, sizeof(bits));
-  __stcs(reinterpret_cast<typename Vec<T, N>::Bits*>(p), bits);
+  *reinterpret_cast<typename Vec<T, N>::Bits*>(p) = bits;
 }
 
 // Sum over groups of `width` consecutive lanes (width a power of two <= 32).
@@ -105,8 +106,7 @@ __device__ __forceinline__ float group_sum(float v, int group, float* scratch /*
   const int first = warp - warp % warps_per_group;
   float total = 0.f;
   for (int w = 0; w < warps_per_group; ++w) total += scratch[first + w];
-  __syncthreads();  // the scratch may be reused by the caller's next reduction
-  return total;
+  return total;  // scratch is still being read: a second reduction would need a barrier first
 }
 
 // Launch status of the last kernel as the plain int the C++ side understands.
