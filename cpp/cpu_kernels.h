@@ -1,6 +1,9 @@
 // Shared helpers for the CPU versions of the ops: dispatch on the element type.
 #pragma once
+#include <nanobind/nanobind.h>
+
 #include <cstdint>
+#include <optional>
 
 #include "dtype.h"
 #include "half.h"
@@ -18,6 +21,14 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
     case DType::kBFloat16: return f(BFloat16{});
     default: return f(float{});
   }
+}
+
+// Runs f(T{}) for `dtype`, without the GIL when `elems` is large enough to repay releasing it.
+template <typename F>
+void run_cpu(DType dtype, int64_t elems, F&& f) {
+  std::optional<nanobind::gil_scoped_release> release;
+  if (elems >= kReleaseGilElems) release.emplace();
+  dispatch_dtype(dtype, f);
 }
 
 }  // namespace opforge::cpu

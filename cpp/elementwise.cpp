@@ -42,13 +42,6 @@ void act_and_mul_cpu(const cuda::ActMulParams& p) {
   }
 }
 
-template <typename Params, typename F>
-void run_cpu(const Params& p, int64_t elems, F&& f) {
-  std::optional<nb::gil_scoped_release> release;
-  if (elems >= cpu::kReleaseGilElems) release.emplace();
-  cpu::dispatch_dtype(p.dtype, f);
-}
-
 void scale(Array out, Array input, double factor, uintptr_t stream, bool launch) {
   const OpContext ctx{"scale"};
   const RowView x = row_view(ctx, input, "x");
@@ -70,7 +63,7 @@ void scale(Array out, Array input, double factor, uintptr_t stream, bool launch)
   p.dtype = x.dtype;
   if (!launch || x.numel() == 0) return;  // launch=false: validate only
   if (!x.is_cuda()) {
-    run_cpu(p, x.numel(), [&](auto tag) { scale_cpu<decltype(tag)>(p); });
+    cpu::run_cpu(p.dtype, x.numel(), [&](auto tag) { scale_cpu<decltype(tag)>(p); });
     return;
   }
 #ifdef OPFORGE_WITH_CUDA
@@ -123,7 +116,7 @@ void act_and_mul(Array out, Array input, int act_code, uintptr_t stream, bool la
   p.dtype = x.dtype;
   if (!launch || o.numel() == 0) return;  // launch=false: validate only
   if (!x.is_cuda()) {
-    run_cpu(p, o.numel(), [&](auto tag) { act_and_mul_cpu<decltype(tag)>(p); });
+    cpu::run_cpu(p.dtype, o.numel(), [&](auto tag) { act_and_mul_cpu<decltype(tag)>(p); });
     return;
   }
 #ifdef OPFORGE_WITH_CUDA

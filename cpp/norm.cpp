@@ -108,9 +108,7 @@ void norm(Array out, Array input, std::optional<Array> residual, std::optional<A
   if (p.rows > INT32_MAX) throw_value_error(std::string("opforge.") + ctx.op + ": more than 2^31 rows");
 
   if (!x.is_cuda()) {
-    std::optional<nb::gil_scoped_release> release;
-    if (p.rows * p.hidden >= cpu::kReleaseGilElems) release.emplace();
-    cpu::dispatch_dtype(p.dtype, [&](auto tag) { norm_cpu<decltype(tag)>(p); });
+    cpu::run_cpu(p.dtype, p.rows * p.hidden, [&](auto tag) { norm_cpu<decltype(tag)>(p); });
     return;
   }
 #ifdef OPFORGE_WITH_CUDA

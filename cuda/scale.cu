@@ -39,11 +39,7 @@ int launch_scale(const ScaleParams& p, int device, void* stream_ptr) {
   if (p.rows == 0 || p.cols == 0) return 0;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  switch (p.dtype) {
-    case DType::kFloat16: return launch_typed<__half>(p, device, stream);
-    case DType::kBFloat16: return launch_typed<__nv_bfloat16>(p, device, stream);
-    default: return launch_typed<float>(p, device, stream);
-  }
+  return dispatch_dtype(p.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, device, stream); });
 }
 
 }  // namespace opforge::cuda

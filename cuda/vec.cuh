@@ -109,6 +109,16 @@ __device__ __forceinline__ float group_sum(float v, int group, float* scratch /*
   return total;  // scratch is still being read: a second reduction would need a barrier first
 }
 
+// Calls f(T{}) with T the device storage type of `dtype`: every launcher's dtype dispatch.
+template <typename F>
+int dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat16: return f(__half{});
+    case DType::kBFloat16: return f(__nv_bfloat16{});
+    default: return f(float{});
+  }
+}
+
 // Launch status of the last kernel as the plain int the C++ side understands.
 inline int last_launch_status() { return static_cast<int>(cudaGetLastError()); }
 
