@@ -11,7 +11,9 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 step "dependencies"
 # torch's CPU build (the CUDA wheels are several GB and no GPU is here); then the test tools.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
-$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" numpy
+# triton (its interpreter runs Triton solutions on the CPU) and apache-tvm-ffi (FlashInfer-Bench
+# style CUDA/C++ solutions) let the registry tests cover those builders too.
+$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" numpy triton apache-tvm-ffi
 
 step "build (CUDA_ARCH_LIST=${CUDA_ARCH_LIST:-9.0a})"
 start=$(date +%s)

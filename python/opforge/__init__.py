@@ -20,7 +20,19 @@ from .ops import (
 
 __version__ = build_info()["version"]
 
+# The forge's entry points, imported on first use so that `import opforge` stays light.
+_LAZY = {"BACKENDS": "registry", "register_solution": "registry", "TraceSet": "trace"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
+    "BACKENDS",
     "BackendError",
     "CudaError",
     "backend_requirement",
@@ -34,5 +46,7 @@ __all__ = [
     "rmsnorm",
     "scale",
     "silu_and_mul",
+    "register_solution",
     "supported_compute_capability",
+    "TraceSet",
 ]

@@ -1,0 +1,114 @@
+"""build(): turn a Solution into a Runnable for its Definition.
+
+Before anything of the solution runs: the Definition is the one it names, its dependencies are
+installed, its target_hardware covers the device, its entry point exists; after loading, the
+entry callable's signature fits the Definition. Every failure is a BuildError (errors.py).
+
+=====================  =================================================================
+language               how it is built
+=====================  =================================================================
+python, pytorch,       sources written to the build cache, entry file imported from there
+triton, tilelang,      (python.py)
+cutedsl
+cpp, cuda              compiled: binding "torch" (default) or "tvm-ffi" (native.py)
+builtin                one of opforge's own ops through a small adapter (builtin.py)
+=====================  =================================================================
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..checks import (check_dependencies, check_hardware, check_signature, check_sources, device_info,
+                      split_entry_point)
+from ..errors import UNSUPPORTED, BuildError
+from ..runnable import Runnable
+
+
+@dataclass
+class Loaded:
+    """What a language's loader hands back: the entry callable and where it came from.
+    ``by_name`` None lets the signature check decide how the Runnable calls it."""
+
+    fn: Callable
+    cache_hit: Optional[bool] = None
+    build_dir: Optional[Path] = None
+    artifact: Optional[Path] = None
+    by_name: Optional[bool] = None
+
+
+IMPORTED = ("python", "pytorch", "triton", "tilelang", "cutedsl")
+COMPILED = ("cpp", "cuda")
+LANGUAGES = IMPORTED + COMPILED + ("builtin",)
+BINDINGS = ("torch", "tvm-ffi")
+
+#: Languages whose modules need a package that a plain torch install lacks.
+_LANGUAGE_PACKAGES = {"triton": "triton", "tilelang": "tilelang", "cutedsl": "cutlass"}
+
+
+def language_of(solution) -> str:
+    language = solution.spec.language
+    return str(getattr(language, "value", language)).lower()
+
+
+def binding_of(solution) -> str:
+    """"torch" (also when unset) or "tvm-ffi" (also spelled "tvm_ffi")."""
+    binding = getattr(solution.spec, "binding", None)
+    binding = str(getattr(binding, "value", binding) or "torch").lower().replace("_", "-")
+    if binding not in BINDINGS:
+        raise BuildError(UNSUPPORTED, solution.name, f"binding {binding!r} is not one of {', '.join(BINDINGS)}")
+    return binding
+
+
+def _load(solution, definition, language: str, device) -> Loaded:
+    entry_file, symbol = split_entry_point(solution)
+    if language == "builtin":
+        from . import builtin
+
+        check_sources(solution, None)
+        return builtin.load(solution, definition, entry_file, symbol)
+    check_sources(solution, entry_file)
+    if language in IMPORTED:
+        from . import python
+
+        return python.load(solution, language, entry_file, symbol)
+    from . import native
+
+    if binding_of(solution) == "tvm-ffi":
+        return native.load_tvm_ffi(solution, language, entry_file, symbol, device)
+    return native.load_torch(solution, language, entry_file, symbol, device)
+
+
+def build(solution, definition, device=None, *, fn: Optional[Callable] = None) -> Runnable:
+    """A Runnable of ``solution`` for ``definition`` on ``device`` ("cpu", "cuda", "cuda:1";
+    default: the current CUDA device if there is one, else the CPU).
+
+    ``fn``: the entry callable itself, for a solution registered from a live Python function
+    (its sources are then not imported). Raises BuildError (see errors.py), or ValueError when
+    the solution is for another Definition.
+    """
+    if solution.definition != definition.name:
+        raise ValueError(f"solution {solution.name!r} solves {solution.definition!r}, not {definition.name!r}")
+    language = language_of(solution)
+    if language not in LANGUAGES:
+        raise BuildError(UNSUPPORTED, solution.name, f"language {language!r} is not one of {', '.join(LANGUAGES)}")
+    package = _LANGUAGE_PACKAGES.get(language)
+    if fn is None and package and importlib.util.find_spec(package) is None:
+        raise BuildError(UNSUPPORTED, solution.name, f"language {language} needs the {package} package; it is not installed")
+    check_dependencies(solution)
+    device = device_info(device)
+    check_hardware(solution, device)
+    if language == "builtin":
+        from .builtin import check_device
+
+        check_device(solution, device)
+    loaded = Loaded(fn) if fn is not None else _load(solution, definition, language, device)
+    dps = bool(solution.spec.destination_passing_style)
+    by_name = loaded.by_name
+    if by_name is None:
+        by_name = check_signature(solution, loaded.fn, list(definition.inputs), list(definition.outputs), dps)
+    return Runnable(loaded.fn, solution, definition, dps=dps, by_name=by_name, cache_hit=loaded.cache_hit,
+                    build_dir=loaded.build_dir, artifact=loaded.artifact)

@@ -1,0 +1,131 @@
+"""Safetensors blobs holding workload inputs.
+
+FlashInfer-Trace stores them under ``blob/workloads/<op_type>/<definition>/
+<definition>_<uuid>.safetensors`` and refers to them from a workload input as
+``{"type": "safetensors", "path": <path relative to the dataset root>, "tensor_key": <key>}``.
+torch is imported only here, when a blob is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Union
+
+from .dtypes import DType
+from .errors import BlobError
+from .workload import SafetensorsInput
+
+PathLike = Union[str, Path]
+
+
+def blob_path(root: Optional[PathLike], spec: SafetensorsInput) -> Path:
+    """Where a safetensors input's file is: ``spec.path`` under ``root`` (absolute paths as is)."""
+    path = Path(spec.path)
+    if path.is_absolute():
+        return path
+    if root is None:
+        raise BlobError(f"safetensors input {spec.path!r} is relative, but the TraceSet has no root folder")
+    return Path(root) / path
+
+
+_HEADER_DTYPES = {
+    "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "F4": "float4_e2m1", "I64": "int64", "I32": "int32", "I16": "int16",
+    "I8": "int8", "BOOL": "bool",
+}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def read_safetensors_header(path: PathLike) -> dict:
+    """The JSON header of a safetensors file ({key: {"dtype", "shape", "data_offsets"}}),
+    read without torch. ValueError if the file is not a safetensors file."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) != 8:
+            raise ValueError("file is shorter than a safetensors header")
+        size = int.from_bytes(head, "little")
+        if size <= 1 or size > _MAX_HEADER:
+            raise ValueError(f"implausible header length {size}")
+        raw = handle.read(size)
+    if len(raw) != size:
+        raise ValueError("file ends inside the header")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header
+
+
+def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
+                            expected_shape: Optional[Sequence[int]] = None,
+                            expected_dtype: Optional[Union[DType, str]] = None, *, where: str = "") -> Path:
+    """Check, from the file's header alone (no torch), that a safetensors input exists, holds
+    ``tensor_key`` and has the expected shape and dtype. Returns the file's path; raises
+    BlobError naming the file, the key and what differs. For float4_e2m1 the expected last
+    dimension is the packed one (half the logical size)."""
+    prefix = f"{where}: " if where else ""
+    path = blob_path(root, spec)
+    if not path.is_file():
+        raise BlobError(f"{prefix}safetensors file {spec.path} not found (looked at {path})")
+    try:
+        header = read_safetensors_header(path)
+    except (OSError, ValueError) as exc:
+        raise BlobError(f"{prefix}{spec.path} is not a readable safetensors file: {exc}") from None
+    entry = header.get(spec.tensor_key)
+    if not isinstance(entry, dict):
+        raise BlobError(f"{prefix}{spec.path} has no tensor {spec.tensor_key!r} (keys: {', '.join(header) or 'none'})")
+    got_dtype = _HEADER_DTYPES.get(str(entry.get("dtype")), str(entry.get("dtype")))
+    want = DType(expected_dtype) if expected_dtype is not None else None
+    if want is not None and got_dtype != want.value:
+        raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] has dtype {got_dtype}, expected {want.value}")
+    if expected_shape is not None:
+        want_shape = list(expected_shape)
+        if want == DType.FLOAT4_E2M1 and want_shape:
+            want_shape[-1] = (want_shape[-1] + 1) // 2
+        if list(entry.get("shape", [])) != want_shape:
+            raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] has shape {tuple(entry.get('shape', []))}, "
+                            f"expected {tuple(want_shape)}")
+    return path
+
+
+def load_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
+                           expected_shape: Optional[Sequence[int]] = None,
+                           expected_dtype: Optional[Union[DType, str]] = None,
+                           *, where: str = "", device: str = "cpu"):
+    """Read the tensor a safetensors input refers to, after check_safetensors_input.
+
+    ``where`` prefixes error messages (e.g. "rmsnorm_h4096: workload <uuid>: inputs.weight").
+    Raises BlobError for a missing or unreadable file, a missing key, or a tensor of another
+    shape or dtype.
+    """
+    path = check_safetensors_input(root, spec, expected_shape, expected_dtype, where=where)
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device=device) as handle:
+            return handle.get_tensor(spec.tensor_key)
+    except Exception as exc:  # the safetensors and torch errors of a damaged file vary
+        prefix = f"{where}: " if where else ""
+        raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] could not be read: {exc}") from None
+
+
+def save_safetensors_blob(root: PathLike, relative_path: str, tensors: Mapping[str, object]) -> str:
+    """Write tensors (moved to CPU, made contiguous) to ``root/relative_path``; refuses to
+    overwrite an existing file. Returns ``relative_path``."""
+    from safetensors.torch import save_file
+
+    path = Path(root) / relative_path
+    if path.exists():
+        raise BlobError(f"safetensors file {relative_path} already exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path))
+    return relative_path
+
+
+def workload_blob_relpath(op_type: str, definition: str, workload_uuid: str) -> str:
+    """FlashInfer-Trace's place for a workload's blob, relative to the dataset root."""
+    return f"blob/workloads/{op_type}/{definition}/{definition}_{workload_uuid}.safetensors"

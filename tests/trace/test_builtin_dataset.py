@@ -1,0 +1,39 @@
+"""The built-in dataset shipped in the wheel: present, loadable, and identical to what the
+templates generate (regenerate with `python -m opforge.trace.builtin --write python/opforge/data/builtin`)."""
+
+from __future__ import annotations
+
+import filecmp
+
+from opforge.trace import builtin
+
+
+def test_shipped_dataset_matches_the_templates(tmp_path):
+    builtin.build_trace_set().save_dataset(tmp_path)
+    shipped = builtin.builtin_dataset_path()
+    assert shipped.is_dir(), f"the wheel ships no built-in dataset at {shipped}"
+
+    def compare(a, b, where=""):
+        cmp = filecmp.dircmp(a, b)
+        assert not cmp.left_only and not cmp.right_only, (where, cmp.left_only, cmp.right_only)
+        _, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
+        assert not mismatch and not errors, (where, mismatch, errors)
+        for sub in cmp.common_dirs:
+            compare(a / sub, b / sub, f"{where}/{sub}")
+
+    compare(tmp_path, shipped)
+
+
+def test_builtin_dataset_loads_strictly_with_every_op():
+    trace_set = builtin.load_builtin_trace_set()
+    names = set(trace_set.definitions)
+    for prefix in ("rmsnorm", "fused_add_rmsnorm", "gemma_rmsnorm", "gemma_fused_add_rmsnorm",
+                   "silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "scale"):
+        for size in builtin.HIDDEN_SIZES:
+            abbrev = "d" if prefix.endswith("_and_mul") else "h"
+            assert f"{prefix}_{abbrev}{size}" in names
+    for name, definition in trace_set.definitions.items():
+        workloads = trace_set.get_workloads(name)
+        assert sorted(w.workload.axes["batch_size"] for w in workloads) == sorted(builtin.BATCH_SIZES)
+        for w in workloads:
+            definition.check_workload(w.workload)
