@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 import torch
 
@@ -63,7 +65,9 @@ def test_dependencies_met(entry):
 
 
 def test_dependency_problems():
-    assert dependency_problem("torch>=999") == f"needs torch>=999; installed: torch {torch.__version__}"
+    # The installed distribution's version (torch.__version__ may add a local part, e.g. +cu130).
+    installed = importlib.metadata.version("torch")
+    assert dependency_problem("torch>=999") == f"needs torch>=999; installed: torch {installed}"
     assert dependency_problem("not_a_real_package_xyz") == "needs not_a_real_package_xyz; it is not installed"
     assert "not a requirement string" in dependency_problem("torch >>> 2")
     if torch.version.cuda is None:
