@@ -7,14 +7,21 @@ OPFORGE_LOGLEVEL   0 (default): no logging, and the API decorator adds no code t
                    costs nothing per call: set it before starting Python.
 OPFORGE_LOGDEST    where log lines go: "stderr" (default), "stdout", or a file path
                    ("%i" in it becomes the process id). Read at each logged call.
+OPFORGE_CACHE_DIR  where built solutions are cached (default ~/.cache/opforge/builds).
+                   Read at each build.
+
+Variables of other tools that opforge honours: TRITON_INTERPRET=1 (Triton solutions run on the
+CPU through Triton's interpreter).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 LOGLEVEL_VAR = "OPFORGE_LOGLEVEL"
 LOGDEST_VAR = "OPFORGE_LOGDEST"
+CACHE_DIR_VAR = "OPFORGE_CACHE_DIR"
 
 
 def log_level() -> int:
@@ -31,3 +38,12 @@ def log_level() -> int:
 def log_destination() -> str:
     dest = os.environ.get(LOGDEST_VAR, "stderr").strip() or "stderr"
     return dest.replace("%i", str(os.getpid()))
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_DIR_VAR, "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "opforge" / "builds"
+
+
+def triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip() == "1"

@@ -8,7 +8,6 @@ import inspect
 import pytest
 import torch
 
-import opforge
 from opforge.trace.template import Scalar, Tensor
 from opforge.trace.templates import TEMPLATES
 

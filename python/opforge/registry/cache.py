@@ -30,14 +30,15 @@ from typing import Callable, Iterable
 
 from filelock import FileLock
 
-CACHE_DIR_VAR = "OPFORGE_CACHE_DIR"
+from .. import config
+from ..config import CACHE_DIR_VAR  # noqa: F401 (re-exported by opforge.registry)
+
 MARKER = "opforge-build.json"
 
 
 def cache_root() -> Path:
     """The cache's root folder (``$OPFORGE_CACHE_DIR`` or ``~/.cache/opforge/builds``)."""
-    env = os.environ.get(CACHE_DIR_VAR, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "opforge" / "builds"
+    return config.cache_dir()
 
 
 def solution_key(solution, extra: Iterable[str] = ()) -> str:

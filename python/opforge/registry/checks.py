@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import inspect
-import os
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -33,6 +32,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from ..trace.solution import source_path_problem
+from .. import config
 from .errors import ENTRY_POINT_ERROR, SIGNATURE_ERROR, UNSUPPORTED, BuildError
 
 # --- device and target hardware -------------------------------------------------------------
@@ -99,7 +99,7 @@ def hardware_matches(entry: str, device: DeviceInfo) -> bool:
 
 def triton_interpreted() -> bool:
     """Whether triton kernels run in triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip() == "1"
+    return config.triton_interpreted()
 
 
 def check_hardware(solution, device: DeviceInfo) -> None:

@@ -14,7 +14,8 @@ import uuid
 from importlib import resources
 from pathlib import Path
 
-from .schema import Definition, RandomInput, ScalarInput, Workload
+from .schema import Definition
+from .workload import RandomInput, ScalarInput, Workload
 from .templates import TEMPLATES
 
 HIDDEN_SIZES = (2048, 4096, 5120, 7168, 8192)

@@ -30,14 +30,14 @@ import ast
 import hashlib
 from typing import Annotated, Any, Callable, Literal, Mapping, Optional, Union
 
-from pydantic import AliasChoices, Field, StrictInt, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from . import expr as _expr
 from ._base import TraceModel, canonical_hash_text
 from .dtypes import DType
 from .errors import ConstraintError, ExpressionError, SchemaError, WorkloadError
 from .extensions import IndptrDomain, RangeDomain, Tolerance, ValueDomain
-from .workload import InputSpec, RandomInput, SafetensorsInput, ScalarInput, Workload  # noqa: F401
+from .workload import ScalarInput, Workload
 
 
 def check_name(value: str, what: str) -> Optional[str]:

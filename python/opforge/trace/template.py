@@ -24,7 +24,9 @@ import uuid as uuid_lib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .schema import AxisConst, AxisVar, Definition, DType, RandomInput, ScalarInput, TensorSpec, Workload
+from .dtypes import DType
+from .schema import AxisConst, AxisVar, Definition, TensorSpec
+from .workload import RandomInput, ScalarInput, Workload
 
 
 @dataclass(frozen=True)
