@@ -239,3 +239,35 @@ def test_cuda_solution_compiles(tvm_ffi, monkeypatch):
     if device == "cuda":
         x, w = X.to(device), W.to(device)
         torch.testing.assert_close(run(x, w), x * w)
+
+
+CUDA_TORCH_MUL = {
+    "kernel.cu": """
+        #include <torch/extension.h>
+
+        __global__ void mul_rows(const float* x, const float* w, float* out, long rows, long cols) {
+          long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+          if (i < rows * cols) out[i] = x[i] * w[i % cols];
+        }
+
+        torch::Tensor run(torch::Tensor x, torch::Tensor w) {
+          auto out = torch::empty_like(x);
+          const long n = x.numel();
+          mul_rows<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(),
+                                             x.size(0), x.size(1));
+          return out;
+        }
+
+        PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &run); }
+    """,
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_solution_through_the_torch_binding_runs(cache):
+    sol = solution("cu_torch_mul", CUDA_TORCH_MUL, entry="kernel.cu::run", language="cuda", target=("cuda",))
+    run = build(sol, mul_definition(), "cuda")
+    x, w = torch.randn(5, 8, device="cuda"), torch.randn(8, device="cuda")
+    torch.testing.assert_close(run(x, w), x * w)
+    assert build(sol, mul_definition(), "cuda").cache_hit  # the second build compiles nothing
