@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-#: allclose tolerances (atol, rtol) by output dtype when the Definition declares none.
-DEFAULT_TOLERANCE = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
 #: On a CPU, workloads larger than this many elements per tensor are skipped (--max-elements).
 CPU_MAX_ELEMENTS = 1 << 22
 
@@ -37,28 +35,6 @@ class Result:
     reference_ms: float | None = None
 
 
-def make_inputs(trace_set, definition, workload, device: str) -> list:
-    """The workload's inputs in Definition order: seeded random tensors, scalars, blobs."""
-    from .trace import RandomInput, SafetensorsInput, ScalarInput
-
-    shapes = definition.resolve_shapes(workload.axes)
-    gen = torch.Generator(device="cpu").manual_seed(workload.seed if workload.seed is not None else 0)
-    values = []
-    for name, spec in definition.inputs.items():
-        source = workload.inputs[name]
-        if isinstance(source, ScalarInput):
-            values.append(source.value)
-        elif isinstance(source, SafetensorsInput):
-            values.append(trace_set.load_input_tensor(definition.name, workload, name, device=device))
-        elif isinstance(source, RandomInput):
-            dtype = spec.dtype.to_torch()
-            t = torch.randn(shapes[name], generator=gen, dtype=torch.float32)
-            values.append(t.to(dtype=dtype, device=device))
-        else:
-            raise ValueError(f"{definition.name}: input {name}: unsupported source {source!r}")
-    return values
-
-
 def _timed(fn, *args):
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -69,28 +45,8 @@ def _timed(fn, *args):
     return out, (time.perf_counter() - start) * 1e3
 
 
-def compare(definition, got, want) -> tuple[bool, str]:
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    worst_abs = worst_rel = 0.0
-    for name, g, w in zip(definition.outputs, got, want):
-        spec = definition.outputs[name]
-        if tuple(g.shape) != tuple(w.shape):
-            return False, f"{name}: shape {tuple(g.shape)}, expected {tuple(w.shape)}"
-        if g.dtype != w.dtype:
-            return False, f"{name}: dtype {g.dtype}, expected {w.dtype}"
-        tol = definition.tolerance(name)
-        atol, rtol = (tol.atol, tol.rtol) if tol else DEFAULT_TOLERANCE.get(spec.dtype.value, (1e-5, 1e-5))
-        g64, w64 = g.double().cpu(), w.double().cpu()
-        diff = (g64 - w64).abs()
-        worst_abs = max(worst_abs, float(diff.max()) if diff.numel() else 0.0)
-        worst_rel = max(worst_rel, float((diff / w64.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0)
-        if not torch.allclose(g64, w64, atol=atol, rtol=rtol, equal_nan=True):
-            return False, f"{name}: max abs err {worst_abs:.3g} > atol {atol:g} + rtol {rtol:g}·|ref|"
-    return True, f"max abs {worst_abs:.2e}, max rel {worst_rel:.2e}"
-
-
 def run_smoke(trace_set, solutions, device: str, max_elements: int | None) -> list[Result]:
+    from .bench import check_call, generate_inputs
     from .registry import BACKENDS, BuildError, build, reference_solution
 
     results = []
@@ -114,15 +70,27 @@ def run_smoke(trace_set, solutions, device: str, max_elements: int | None) -> li
                                       f"{largest} elements > --max-elements {max_elements}"))
                 continue
             try:
-                inputs = make_inputs(trace_set, definition, workload, device)
+                inputs = generate_inputs(definition, workload, device=device, trace_set=trace_set)
                 want, ref_ms = _timed(reference, *inputs)
-                got, ms = _timed(runnable, *inputs)
-                ok, detail = compare(definition, got, want)
-                results.append(Result(solution.name, language, definition.name, label, "PASS" if ok else "FAIL",
-                                      detail, ms, ref_ms))
-            except Exception as exc:  # a solution's own failure is a result, not a crash of the test
+            except Exception as exc:  # a bad workload or reference is reported, not fatal
                 results.append(Result(solution.name, language, definition.name, label, "ERROR",
-                                      f"{type(exc).__name__}: {exc}"))
+                                      f"reference: {type(exc).__name__}: {exc}"))
+                continue
+            elapsed = []
+
+            def timed_call(*args, _fn=runnable.call_into if runnable.destination_passing_style else runnable):
+                out, ms = _timed(_fn, *args)
+                elapsed.append(ms)
+                return out
+
+            check = check_call(timed_call, definition, inputs, want,
+                               destination_passing=runnable.destination_passing_style)
+            c = check.correctness
+            detail = check.log.splitlines()[0] if check.log else (
+                f"max abs {c.max_absolute_error:.2e}, max rel {c.max_relative_error:.2e}" if c else "")
+            status = "PASS" if check.passed else ("ERROR" if check.status.value == "RUNTIME_ERROR" else "FAIL")
+            results.append(Result(solution.name, language, definition.name, label, status, detail,
+                                  elapsed[0] if elapsed else None, ref_ms))
     return results
 
 

@@ -1,0 +1,157 @@
+"""Correctness checks a solution cannot talk its way past.
+
+``check_call`` runs one call and judges it against reference outputs:
+- destination-passing outputs are poisoned first (NaN, or the dtype's largest integer), so an
+  element the solution never writes cannot pass by accident;
+- every tensor input is hashed before and after; changing an input fails the call unless the
+  Definition lets an output live in that input (``aliases``) and the change is that output;
+- a returned output that shares memory with an input (not allowed by ``aliases``) or with
+  another output fails;
+- shapes and dtypes must match exactly; values must satisfy ``|got - ref| <= atol + rtol·|ref|``
+  elementwise (per-output tolerances from the Definition, else DEFAULT_TOLERANCES), NaN only
+  where the reference has NaN and infinities only where it has the same infinity.
+The max absolute / relative errors and the fraction of elements within tolerance are recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..trace import Correctness, EvaluationStatus
+
+#: (atol, rtol) by output dtype when the Definition declares no tolerance for an output.
+DEFAULT_TOLERANCES = {
+    "float32": (1e-5, 1e-5),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+    "float8_e4m3fn": (0.125, 0.125),
+    "float8_e5m2": (0.25, 0.25),
+}
+
+
+@dataclass
+class Check:
+    status: EvaluationStatus
+    correctness: Optional[Correctness] = None
+    log: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == EvaluationStatus.PASSED
+
+
+def _digest(t: torch.Tensor) -> str:
+    data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def poisoned_like_spec(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """An output buffer full of values no correct kernel leaves behind."""
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype, device=device)
+    return torch.full(shape, torch.iinfo(dtype).max, dtype=dtype, device=device)
+
+
+def _tolerance(definition, name: str) -> tuple[float, float]:
+    tol = definition.tolerance(name)
+    if tol is not None:
+        return tol.atol, tol.rtol
+    return DEFAULT_TOLERANCES.get(definition.outputs[name].dtype.value, (0.0, 0.0))
+
+
+def compare_outputs(definition, got, want) -> Check:
+    """Judge outputs (a tensor or a tuple in the Definition's output order) against the reference's."""
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    names = list(definition.outputs)
+    if len(got) != len(names):
+        return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"returned {len(got)} output(s); expected {len(names)}: {names}")
+    max_abs = max_rel = 0.0
+    fractions = {}
+    failures = []
+    for name, g, w in zip(names, got, want):
+        if not isinstance(g, torch.Tensor):
+            return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"{name}: returned {type(g).__name__}, not a tensor")
+        if tuple(g.shape) != tuple(w.shape):
+            return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"{name}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+        if g.dtype != w.dtype:
+            return Check(EvaluationStatus.INCORRECT_DTYPE, log=f"{name}: dtype {g.dtype}, expected {w.dtype}")
+        atol, rtol = _tolerance(definition, name)
+        g64, w64 = g.detach().to("cpu", torch.float64), w.detach().to("cpu", torch.float64)
+        both_nan = torch.isnan(g64) & torch.isnan(w64)
+        same_inf = torch.isinf(w64) & (g64 == w64)
+        finite = torch.isfinite(g64) & torch.isfinite(w64)
+        diff = torch.where(finite, (g64 - w64).abs(), torch.zeros_like(g64))
+        within = both_nan | same_inf | (finite & (diff <= atol + rtol * w64.abs()))
+        bad_special = ~(both_nan | same_inf | finite)  # NaN or inf where the reference has none
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            rel = diff / w64.abs().clamp_min(torch.finfo(torch.float32).tiny)
+            max_rel = max(max_rel, float(torch.where(finite, rel, torch.zeros_like(rel)).max()))
+        if bad_special.any():
+            max_abs = max_rel = float("nan")
+        fractions[name] = float(within.double().mean()) if within.numel() else 1.0
+        if not bool(within.all()):
+            count = int((~within).sum())
+            failures.append(f"{name}: {count} of {within.numel()} elements outside atol={atol:g}, rtol={rtol:g}"
+                            + (" (NaN/inf where the reference has none)" if bad_special.any() else ""))
+    correctness = Correctness(max_relative_error=max_rel, max_absolute_error=max_abs,
+                              extra={"fraction_within_tolerance": fractions})
+    if failures:
+        return Check(EvaluationStatus.INCORRECT_NUMERICAL, correctness, "; ".join(failures))
+    return Check(EvaluationStatus.PASSED, correctness)
+
+
+def check_call(fn: Callable, definition, inputs: list, reference_outputs, *,
+               destination_passing: bool = False) -> Check:
+    """Call ``fn`` on ``inputs`` (Definition order) and judge it (see the module doc). For
+    destination passing, ``fn(*inputs, *outputs)`` fills poisoned outputs allocated here."""
+    input_names = list(definition.inputs)
+    output_names = list(definition.outputs)
+    want = reference_outputs if isinstance(reference_outputs, tuple) else (reference_outputs,)
+    before = {n: _digest(v) for n, v in zip(input_names, inputs) if isinstance(v, torch.Tensor)}
+    try:
+        if destination_passing:
+            outputs = tuple(poisoned_like_spec(w.shape, w.dtype, w.device) for w in want)
+            fn(*inputs, *outputs)
+            got = outputs
+        else:
+            got = fn(*inputs)
+            got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as exc:  # the solution's failure is the result
+        tail = "".join(traceback.format_exception(exc)[-6:])
+        return Check(EvaluationStatus.RUNTIME_ERROR, log=f"{type(exc).__name__}: {exc}\n{tail}")
+
+    # Memory an output may share: the input the Definition names for it.
+    allowed = {(o, i) for o, i in (definition.aliases or {}).items()}
+    tensors_in = {n: v for n, v in zip(input_names, inputs) if isinstance(v, torch.Tensor)}
+    for oi, (oname, out) in enumerate(zip(output_names, got)):
+        if not isinstance(out, torch.Tensor):
+            continue
+        for iname, tin in tensors_in.items():
+            if _shares_memory(out, tin) and (oname, iname) not in allowed:
+                return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"output {oname} shares memory with input {iname}")
+        for other_name, other in zip(output_names[oi + 1:], got[oi + 1:]):
+            if isinstance(other, torch.Tensor) and _shares_memory(out, other):
+                return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"outputs {oname} and {other_name} share memory")
+    written_into = {i for (o, i) in allowed for oname, out in zip(output_names, got)
+                    if o == oname and isinstance(out, torch.Tensor) and i in tensors_in and _shares_memory(out, tensors_in[i])}
+    for iname, digest in before.items():
+        if iname not in written_into and _digest(tensors_in[iname]) != digest:
+            return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"the solution modified its input {iname}")
+    return compare_outputs(definition, got, want)
