@@ -111,25 +111,22 @@ class OpSpec:
         return getattr(opforge, self.name)(*inputs, *self.extra_args, **kw)
 
 
-_NORM = dict(family="norm", extra_args=(EPS,))
+def _norm_spec(name, formula, add):
+    """A norm op: x (and residual) in, out (and residual_out) written, the weight read once."""
+    rows = 4 if add else 2
+    return OpSpec(name, inputs=("x", "r", "w") if add else ("x", "w"),
+                  out_names=("out", "residual_out") if add else ("out",), formula=formula,
+                  bytes=lambda R, H, e: (rows * R * H + H) * e, bytes_formula=f"({rows}*R*H + H)*e",
+                  liger=name, family="norm", extra_args=(EPS,))
+
 _ACT = dict(family="act", inputs=("x2",), extra_args=(), out_names=("out",),
             bytes=lambda R, H, e: 3 * R * H * e, bytes_formula="3*R*H*e")
 
 SPECS = [
-    OpSpec("rmsnorm", inputs=("x", "w"), out_names=("out",), formula=rmsnorm_torch,
-           bytes=lambda R, H, e: (2 * R * H + H) * e, bytes_formula="(2*R*H + H)*e",
-           liger="rmsnorm", **_NORM),
-    OpSpec("fused_add_rmsnorm", inputs=("x", "r", "w"), out_names=("out", "residual_out"),
-           formula=fused_add_rmsnorm_torch,
-           bytes=lambda R, H, e: (4 * R * H + H) * e, bytes_formula="(4*R*H + H)*e",
-           liger="fused_add_rmsnorm", **_NORM),
-    OpSpec("gemma_rmsnorm", inputs=("x", "w"), out_names=("out",), formula=gemma_rmsnorm_torch,
-           bytes=lambda R, H, e: (2 * R * H + H) * e, bytes_formula="(2*R*H + H)*e",
-           liger="gemma_rmsnorm", **_NORM),
-    OpSpec("gemma_fused_add_rmsnorm", inputs=("x", "r", "w"), out_names=("out", "residual_out"),
-           formula=gemma_fused_add_rmsnorm_torch,
-           bytes=lambda R, H, e: (4 * R * H + H) * e, bytes_formula="(4*R*H + H)*e",
-           liger="gemma_fused_add_rmsnorm", **_NORM),
+    _norm_spec("rmsnorm", rmsnorm_torch, add=False),
+    _norm_spec("fused_add_rmsnorm", fused_add_rmsnorm_torch, add=True),
+    _norm_spec("gemma_rmsnorm", gemma_rmsnorm_torch, add=False),
+    _norm_spec("gemma_fused_add_rmsnorm", gemma_fused_add_rmsnorm_torch, add=True),
     OpSpec("silu_and_mul", formula=silu_and_mul_torch, liger="silu_and_mul", **_ACT),
     OpSpec("gelu_and_mul", formula=gelu_and_mul_torch, liger=None, **_ACT),
     OpSpec("gelu_tanh_and_mul", formula=gelu_tanh_and_mul_torch, liger="gelu_tanh_and_mul", **_ACT),

@@ -41,13 +41,13 @@ def _out_like(input: torch.Tensor, name: str) -> torch.Tensor:
     return torch.empty((*shape[:-1], shape[-1] // 2), dtype=input.dtype, device=input.device)
 
 
-def _run(out, input, activation: str, backend: str, name: str) -> None:
+def _run(out, input, activation: str, backend: str) -> None:
     code = ACTIVATIONS[activation][0]
     launch = backend != "torch"
     try:
         out_c, in_c = to_capsule(out), to_capsule(input)
     except (BufferError, RuntimeError):
-        raise_unexportable(name, ("input", input), ("out", out))
+        raise_unexportable(f"{activation}_and_mul", ("input", input), ("out", out))
     # For the "torch" backend the binding only validates (launch=False); the reference computes.
     _C.act_and_mul(out_c, in_c, code, cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch)
     if not launch:
@@ -56,7 +56,7 @@ def _run(out, input, activation: str, backend: str, name: str) -> None:
 
 @torch.library.custom_op(f"{LIBRARY}::act_and_mul", mutates_args=("out",))
 def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, activation: str) -> None:
-    _run(out, input, activation, "auto", f"{activation}_and_mul")
+    _run(out, input, activation, "auto")
 
 
 @_act_and_mul_op.register_fake
@@ -84,7 +84,7 @@ def _make(activation: str, doc: str):
 
     def op(input: torch.Tensor, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
         out = _out_like(input, name) if out is None else out
-        _run(out, input, activation, backend, name)
+        _run(out, input, activation, backend)
         return out
 
     # Named before decorating: the decorators put the name into every error message.
