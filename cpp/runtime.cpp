@@ -22,6 +22,7 @@ void bind_runtime(nb::module_& m) {
     d["cuda_archs"] = std::string(OPFORGE_CUDA_ARCHS);
     d["cuda_version"] = std::string(OPFORGE_CUDA_VERSION);
     d["compiler"] = std::string(OPFORGE_CXX_COMPILER);
+    d["commit"] = std::string(OPFORGE_COMMIT);
     return d;
   });
   m.def(

@@ -21,12 +21,13 @@ from opforge._ext import _arch_runs_on
 
 def test_build_info_keys_and_types():
     info = opforge.build_info()
-    assert set(info) == {"version", "cuda", "cuda_archs", "cuda_version", "compiler"}
+    assert set(info) == {"version", "cuda", "cuda_archs", "cuda_version", "compiler", "commit"}
     assert isinstance(info["version"], str) and info["version"]
     assert isinstance(info["cuda"], bool)
     assert isinstance(info["cuda_archs"], list) and all(isinstance(a, str) and a for a in info["cuda_archs"])
     assert isinstance(info["cuda_version"], str)
     assert isinstance(info["compiler"], str) and info["compiler"]
+    assert re.fullmatch(r"([0-9a-f]{7,40}|[\w.-]+)?(\+dirty)?", info["commit"]), info["commit"]
 
 
 def test_build_info_is_consistent():

@@ -40,7 +40,8 @@ def build_info() -> dict:
 
     Keys: ``version``; ``cuda`` (bool: were CUDA kernels compiled in); ``cuda_archs`` (list of
     archs as given to CUDA_ARCH_LIST, e.g. ``["8.0", "9.0a+PTX"]``); ``cuda_version`` (the
-    toolkit that compiled them); ``compiler`` (the host C++ compiler).
+    toolkit that compiled them); ``compiler`` (the host C++ compiler); ``commit`` (the source
+    commit, "+dirty" when built with uncommitted changes, "" when unknown).
     """
     info = dict(_build_info())
     info["cuda_archs"] = list(info["cuda_archs"])

@@ -1,5 +1,6 @@
 """The ``opforge`` command. Subcommands:
 
+    opforge run [options]       benchmark every solution of a dataset (default: the built-in one)
     opforge smoke [names...]    run solutions once against their Definitions' references
     opforge info                what this build contains
 """
@@ -16,7 +17,12 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     from . import smoke_test
+    from .bench import cli as run_cli
 
+    run = commands.add_parser("run", help="benchmark solutions and record Traces",
+                              description=run_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_cli.add_arguments(run)
+    run.set_defaults(run=run_cli.run)
     smoke = commands.add_parser("smoke", help="smoke-test solutions against the references")
     smoke_test.add_arguments(smoke)
     smoke.set_defaults(run=smoke_test.run)

@@ -1,7 +1,12 @@
 """Evaluating solutions: inputs drawn from a recorded seed within each Definition's value domains
-(inputs.py), and correctness checks that cannot be fooled (evaluator.py)."""
+(inputs.py), correctness checks that cannot be fooled (evaluator.py), timing (timing.py) and the
+runner that puts them together in isolated worker processes (runner.py, worker.py)."""
 
-from .evaluator import Check, DEFAULT_TOLERANCES, check_call, compare_outputs
+from .config import BenchmarkConfig, Settings
+from .evaluator import (CallRecord, Check, DEFAULT_TOLERANCES, check_call, compare_outputs, input_digests, judge,
+                        run_call)
 from .inputs import generate_inputs
+from .runner import Benchmark, RunResult, Skipped
 
-__all__ = ["Check", "DEFAULT_TOLERANCES", "check_call", "compare_outputs", "generate_inputs"]
+__all__ = ["Benchmark", "BenchmarkConfig", "CallRecord", "Check", "DEFAULT_TOLERANCES", "RunResult", "Settings",
+           "Skipped", "check_call", "compare_outputs", "generate_inputs", "input_digests", "judge", "run_call"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -39,6 +39,12 @@ class Check:
     status: EvaluationStatus
     correctness: Optional[Correctness] = None
     log: str = ""
+
+    def __post_init__(self):
+        # A Trace needs errors for INCORRECT_NUMERICAL; a call judged wrong before any value
+        # was compared (it changed an input, its outputs overlap) has none to give.
+        if self.status == EvaluationStatus.INCORRECT_NUMERICAL and self.correctness is None:
+            self.correctness = Correctness(max_relative_error=float("nan"), max_absolute_error=float("nan"))
 
     @property
     def passed(self) -> bool:
@@ -72,7 +78,7 @@ def _tolerance(definition, name: str) -> tuple[float, float]:
     return DEFAULT_TOLERANCES.get(definition.outputs[name].dtype.value, (0.0, 0.0))
 
 
-def compare_outputs(definition, got, want) -> Check:
+def compare_outputs(definition, got, want, *, tolerance: Optional[tuple[float, float]] = None) -> Check:
     """Judge outputs (a tensor or a tuple in the Definition's output order) against the reference's."""
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)
@@ -89,7 +95,7 @@ def compare_outputs(definition, got, want) -> Check:
             return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"{name}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
         if g.dtype != w.dtype:
             return Check(EvaluationStatus.INCORRECT_DTYPE, log=f"{name}: dtype {g.dtype}, expected {w.dtype}")
-        atol, rtol = _tolerance(definition, name)
+        atol, rtol = tolerance if tolerance is not None else _tolerance(definition, name)
         g64, w64 = g.detach().to("cpu", torch.float64), w.detach().to("cpu", torch.float64)
         both_nan = torch.isnan(g64) & torch.isnan(w64)
         same_inf = torch.isinf(w64) & (g64 == w64)
@@ -115,47 +121,84 @@ def compare_outputs(definition, got, want) -> Check:
     return Check(EvaluationStatus.PASSED, correctness)
 
 
-def check_call(fn: Callable, definition, inputs: list, reference_outputs, *,
-               destination_passing: bool = False) -> Check:
-    """Call ``fn`` on ``inputs`` (Definition order) and judge it (see the module doc). For
-    destination passing, ``fn(*inputs, *outputs)`` fills poisoned outputs allocated here."""
+@dataclass
+class CallRecord:
+    """What one call did, as seen next to it: the outputs (a tuple), the digest of every tensor
+    input afterwards, which outputs share memory with an input or an earlier output, and the
+    error if the call raised. The runner makes these in its worker processes and judges them
+    in the parent (``judge``), which alone holds the reference outputs."""
+
+    outputs: Optional[tuple] = None
+    digests_after: dict = field(default_factory=dict)
+    shared: list = field(default_factory=list)  # (output name, "input"|"output", other name)
+    error: Optional[str] = None
+
+    def to_cpu(self) -> "CallRecord":
+        if self.outputs is not None:
+            self.outputs = tuple(o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        return self
+
+
+def input_digests(definition, inputs: list) -> dict[str, str]:
+    return {n: _digest(v) for n, v in zip(definition.inputs, inputs) if isinstance(v, torch.Tensor)}
+
+
+def run_call(fn: Callable, definition, inputs: list, *, outputs: Optional[list] = None) -> CallRecord:
+    """Call ``fn`` on ``inputs`` (Definition order). With ``outputs`` (destination passing) they
+    are poisoned first and ``fn(*inputs, *outputs)`` fills them."""
     input_names = list(definition.inputs)
     output_names = list(definition.outputs)
-    want = reference_outputs if isinstance(reference_outputs, tuple) else (reference_outputs,)
-    before = {n: _digest(v) for n, v in zip(input_names, inputs) if isinstance(v, torch.Tensor)}
     try:
-        if destination_passing:
-            outputs = tuple(poisoned_like_spec(w.shape, w.dtype, w.device) for w in want)
+        if outputs is not None:
+            for o in outputs:
+                o.copy_(poisoned_like_spec(o.shape, o.dtype, o.device))
             fn(*inputs, *outputs)
-            got = outputs
+            got = tuple(outputs)
         else:
             got = fn(*inputs)
             got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
-        if torch.cuda.is_available():
+        if any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs):
             torch.cuda.synchronize()
     except Exception as exc:  # the solution's failure is the result
         tail = "".join(traceback.format_exception(exc)[-6:])
-        return Check(EvaluationStatus.RUNTIME_ERROR, log=f"{type(exc).__name__}: {exc}\n{tail}")
-
-    # Memory an output may share: the input the Definition names for it.
-    allowed = set((definition.aliases or {}).items())
+        return CallRecord(error=f"{type(exc).__name__}: {exc}\n{tail}")
     tensors_in = {n: v for n, v in zip(input_names, inputs) if isinstance(v, torch.Tensor)}
+    shared = []
     for oi, (oname, out) in enumerate(zip(output_names, got)):
         if not isinstance(out, torch.Tensor):
             continue
-        for iname, tin in tensors_in.items():
-            if _shares_memory(out, tin) and (oname, iname) not in allowed:
-                return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"output {oname} shares memory with input {iname}")
-        for other_name, other in zip(output_names[oi + 1:], got[oi + 1:]):
-            if isinstance(other, torch.Tensor) and _shares_memory(out, other):
-                return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"outputs {oname} and {other_name} share memory")
-    # Inputs an output was (legitimately) written into may change; no other input may.
+        shared += [(oname, "input", iname) for iname, tin in tensors_in.items() if _shares_memory(out, tin)]
+        shared += [(oname, "output", other_name) for other_name, other in zip(output_names[oi + 1:], got[oi + 1:])
+                   if isinstance(other, torch.Tensor) and _shares_memory(out, other)]
+    return CallRecord(got, {n: _digest(v) for n, v in tensors_in.items()}, shared)
+
+
+def judge(definition, record: CallRecord, digests_before: dict[str, str], reference_outputs, *,
+          tolerance: Optional[tuple[float, float]] = None) -> Check:
+    """The verdict on a CallRecord (see the module doc); ``tolerance`` (atol, rtol) overrides
+    the Definition's for every output."""
+    if record.error is not None:
+        return Check(EvaluationStatus.RUNTIME_ERROR, log=record.error)
+    aliases = definition.aliases or {}
     written_into = set()
-    for oname, out in zip(output_names, got):
-        iname = (definition.aliases or {}).get(oname)
-        if iname in tensors_in and isinstance(out, torch.Tensor) and _shares_memory(out, tensors_in[iname]):
-            written_into.add(iname)
-    for iname, digest in before.items():
-        if iname not in written_into and _digest(tensors_in[iname]) != digest:
+    for oname, kind, other in record.shared:
+        if kind == "output":
+            return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"outputs {oname} and {other} share memory")
+        if aliases.get(oname) != other:
+            return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"output {oname} shares memory with input {other}")
+        written_into.add(other)
+    # Inputs an output was (legitimately) written into may change; no other input may.
+    for iname, digest in digests_before.items():
+        if iname not in written_into and record.digests_after.get(iname) != digest:
             return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"the solution modified its input {iname}")
-    return compare_outputs(definition, got, want)
+    return compare_outputs(definition, record.outputs, reference_outputs, tolerance=tolerance)
+
+
+def check_call(fn: Callable, definition, inputs: list, reference_outputs, *,
+               destination_passing: bool = False, tolerance: Optional[tuple[float, float]] = None) -> Check:
+    """Call ``fn`` on ``inputs`` (Definition order) and judge it (see the module doc). For
+    destination passing, ``fn(*inputs, *outputs)`` fills poisoned outputs allocated here."""
+    want = reference_outputs if isinstance(reference_outputs, tuple) else (reference_outputs,)
+    before = input_digests(definition, inputs)
+    outputs = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in want] if destination_passing else None
+    return judge(definition, run_call(fn, definition, inputs, outputs=outputs), before, want, tolerance=tolerance)

@@ -14,10 +14,18 @@ JSON (FlashInfer-Trace; one object per JSONL line)::
 A trace with ``solution`` and ``evaluation`` null is a *workload trace*: the lines of
 ``workloads/<op_type>/<definition>.jsonl``. As in FlashInfer-Trace, ``correctness`` is required
 for PASSED and INCORRECT_NUMERICAL, ``performance`` only for PASSED, and neither is allowed for
-the other statuses. opforge's optional fields (written only when set): ``performance``:
-``achieved_gbps``, ``achieved_tflops``, ``percent_of_peak``; ``evaluation``:
-``definition_hash`` (Definition.content_hash of what was measured), ``solution_hash``
-(Solution.content_hash) and ``seed`` (of the random inputs).
+the other statuses. opforge's optional fields (written only when set):
+
+* ``performance``: ``achieved_gbps``, ``achieved_tflops``, ``percent_of_peak`` (of the copy
+  bandwidth calibrated on the same device in the same run, ``calibrated_gbps``),
+  ``baseline_solution`` / ``baseline_latency_ms`` / ``baseline_speedup_factor`` (against a
+  named solution, by default the builtin one), ``suspect`` (why the number is not to be
+  believed, e.g. faster than the physical floor) and ``timing`` (how it was measured: method,
+  iterations, spread, host and CUDA-graph times; see opforge.bench.timing);
+* ``evaluation``: ``definition_hash`` (Definition.content_hash of what was measured),
+  ``solution_hash`` (Solution.content_hash), ``seed`` (of the first input set) and ``device``
+  (where it ran, e.g. "cuda:0");
+* ``environment``: ``hardware_info`` (SM count, compute capability, memory, clocks).
 """
 
 from __future__ import annotations
@@ -54,8 +62,11 @@ class EvaluationStatus(str, Enum):
 class Environment(TraceModel):
     """Where the evaluation ran: ``hardware`` (device name) and library versions."""
 
+    _omit_when_empty = ("hardware_info",)
+
     hardware: NonEmptyStr
     libs: dict[str, str] = Field(default_factory=dict)
+    hardware_info: Optional[dict[str, Any]] = None
 
 
 class Correctness(TraceModel):
@@ -76,7 +87,8 @@ class Correctness(TraceModel):
 class Performance(TraceModel):
     """Timing of the solution and the reference, in milliseconds."""
 
-    _omit_when_empty = ("achieved_gbps", "achieved_tflops", "percent_of_peak")
+    _omit_when_empty = ("achieved_gbps", "achieved_tflops", "percent_of_peak", "calibrated_gbps",
+                        "baseline_solution", "baseline_latency_ms", "baseline_speedup_factor", "suspect", "timing")
 
     latency_ms: Annotated[float, Field(ge=0)] = 0.0
     reference_latency_ms: Annotated[float, Field(ge=0)] = 0.0
@@ -84,6 +96,12 @@ class Performance(TraceModel):
     achieved_gbps: Optional[Annotated[float, Field(ge=0)]] = None
     achieved_tflops: Optional[Annotated[float, Field(ge=0)]] = None
     percent_of_peak: Optional[Annotated[float, Field(ge=0)]] = None
+    calibrated_gbps: Optional[Annotated[float, Field(ge=0)]] = None
+    baseline_solution: Optional[str] = None
+    baseline_latency_ms: Optional[Annotated[float, Field(ge=0)]] = None
+    baseline_speedup_factor: Optional[Annotated[float, Field(ge=0)]] = None
+    suspect: Optional[str] = None
+    timing: Optional[dict[str, Any]] = None
 
 
 def utc_timestamp() -> str:
@@ -95,7 +113,7 @@ class Evaluation(TraceModel):
     """The result of one evaluation (see the module docstring for which metrics each status
     carries)."""
 
-    _omit_when_empty = ("definition_hash", "solution_hash", "seed")
+    _omit_when_empty = ("definition_hash", "solution_hash", "seed", "device")
 
     status: EvaluationStatus
     environment: Environment
@@ -106,6 +124,7 @@ class Evaluation(TraceModel):
     definition_hash: Optional[str] = None
     solution_hash: Optional[str] = None
     seed: Optional[Annotated[int, Field(strict=True, ge=0)]] = None
+    device: Optional[str] = None
 
     @model_validator(mode="after")
     def _metrics_match_status(self) -> "Evaluation":

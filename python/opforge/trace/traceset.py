@@ -80,6 +80,12 @@ class TraceSet(LoadingMixin, SavingMixin):
         return (f"TraceSet(root={str(self.root) if self.root else None!r}, definitions={len(self.definitions)}, "
                 f"solutions={count(self.solutions)}, workloads={count(self.workloads)}, traces={count(self.traces)})")
 
+    @property
+    def single_file(self) -> Optional[Path]:
+        """The .json file this TraceSet was loaded from (None for a dataset folder or one made in
+        memory)."""
+        return self._json_file
+
     # --- adding ------------------------------------------------------------------------
 
     def add_definition(self, definition: Definition) -> Definition:

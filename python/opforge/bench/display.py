@@ -1,0 +1,66 @@
+"""The runner's terminal output: one line per evaluation as it finishes, and a table at the end."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..trace import Trace
+from .runner import Skipped, workload_label
+
+COLUMNS = ("definition", "solution", "workload", "status", "latency", "GB/s", "% peak", "vs ref", "vs baseline",
+           "note")
+_STYLE = {"PASSED": "green", "SKIPPED": "yellow", "TIMEOUT": "magenta"}
+
+
+def _us(ms) -> str:
+    return "" if ms is None else (f"{ms * 1e3:.2f} us" if ms < 1 else f"{ms:.3f} ms")
+
+
+def row(item) -> list[str]:
+    """The cells of COLUMNS for a Trace or a Skipped."""
+    if isinstance(item, Skipped):
+        return [item.definition, item.solution, item.workload, "[yellow]SKIPPED[/]", "", "", "", "", "",
+                item.reason.splitlines()[0][:80] if item.reason else ""]
+    assert isinstance(item, Trace)
+    ev = item.evaluation
+    status = ev.status.value
+    style = _STYLE.get(status, "red")
+    cells = [item.definition, item.solution, workload_label(None, item.workload), f"[{style}]{status}[/]"]
+    p = ev.performance
+    if p is None:
+        first = next((line for line in ev.log.splitlines() if line.strip()), "")
+        return cells + ["", "", "", "", "", first[:100]]
+    note = "[red]SUSPECT[/] " + p.suspect.split(":")[0] if p.suspect else ""
+    if p.timing and p.timing.get("method") == "cuda_events+device_synchronize":
+        note = (note + "; " if note else "") + "work after the end event counted"
+    return cells + [
+        _us(p.latency_ms),
+        f"{p.achieved_gbps:.0f}" if p.achieved_gbps is not None else "",
+        f"{p.percent_of_peak:.0f}%" if p.percent_of_peak is not None else "",
+        f"{p.speedup_factor:.2f}x" if p.speedup_factor else "",
+        f"{p.baseline_speedup_factor:.2f}x" if p.baseline_speedup_factor else "",
+        note,
+    ]
+
+
+def results_tables(items) -> list[Table]:
+    """One table per Definition, in the order the Definitions first appear."""
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(item.definition, []).append(item)
+    tables = []
+    for definition, members in groups.items():
+        table = Table(title=definition, title_justify="left")
+        for c in COLUMNS[1:]:
+            table.add_column(c, justify="right" if c in ("latency", "GB/s", "% peak", "vs ref", "vs baseline")
+                             else "left", overflow="fold", max_width=48 if c == "note" else None)
+        for item in members:
+            table.add_row(*row(item)[1:])
+        tables.append(table)
+    return tables
+
+
+def line(item) -> str:
+    """One finished evaluation as a single console line."""
+    cells = row(item)
+    return "  ".join(c for c in cells if c)

@@ -1,0 +1,232 @@
+"""Timing one call the way a GPU engineer would believe it.
+
+CUDA (``time_cuda``), per timed call:
+
+1. L2 is made cold: a buffer twice the L2 size is written before the call (outside the timed
+   span), and the input sets rotate, so no call finds its data in L2 from the call before.
+2. A spin kernel (``torch.cuda._sleep``) is queued ahead, long enough for the host to enqueue
+   the whole call behind it; otherwise a slow host (Python, a Triton launch) leaves the GPU idle
+   after the start event and the events measure launch overhead instead of the kernel.
+3. start event, the call, end event on the calling stream; then a full device synchronize and
+   a third event. ``end -> after-sync`` is constant for a call whose work all finished by its
+   end event (it is measured with an empty call); when it is longer, the call left work on
+   other streams running, and the latency becomes ``start -> after-sync`` minus that constant,
+   with the excess recorded. Work on another stream that finishes while the spin kernel still
+   runs is not seen by any event: its latency lands below the physical floor and is flagged.
+
+The latency is the median over the timed calls (``iterations``, fewer when ``max_time_s`` runs
+out), with p10/p90/min/max/stdev beside it. Also reported: the host's cost of one call (no
+synchronize; what a serving loop pays when the host is the bottleneck) and, optionally, the
+device time per call of a captured CUDA graph replayed back to back (launch gaps squeezed out,
+L2 warm).
+
+CPU (``time_cpu``): the host clock around each call, input sets rotating.
+
+``calibrate_copy`` measures the copy bandwidth of a device (read + write), the 100% against
+which achieved GB/s are given.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+#: Calls replayed per graph launch when timing a captured CUDA graph.
+GRAPH_CALLS = 20
+
+
+def l2_bytes(device: torch.device) -> int:
+    try:
+        return int(torch.cuda.get_device_properties(device).L2_cache_size) or 64 << 20
+    except Exception:
+        return 64 << 20
+
+
+_CYCLES_PER_US: dict[int, float] = {}
+
+
+def sleep_cycles_per_us(device: torch.device) -> float:
+    """``torch.cuda._sleep`` counts clock cycles; how many make a microsecond on this device."""
+    index = torch.device(device).index or 0
+    if index not in _CYCLES_PER_US:
+        with torch.cuda.device(index):
+            cycles = 10_000_000
+            torch.cuda._sleep(cycles // 10)  # warm-up
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(cycles)
+            b.record()
+            b.synchronize()
+            _CYCLES_PER_US[index] = cycles / max(a.elapsed_time(b) * 1e3, 1.0)
+    return _CYCLES_PER_US[index]
+
+
+def _stats(samples_ms: list[float]) -> dict:
+    ordered = sorted(samples_ms)
+    n = len(ordered)
+    return {
+        "median_ms": statistics.median(ordered),
+        "p10_ms": ordered[int(0.1 * (n - 1))],
+        "p90_ms": ordered[int(0.9 * (n - 1))],
+        "min_ms": ordered[0],
+        "max_ms": ordered[-1],
+        "stdev_ms": statistics.stdev(ordered) if n > 1 else 0.0,
+        "iterations": n,
+    }
+
+
+def _host_ms(call: Callable, arg_sets: list, cuda: bool, k: int = 10) -> float:
+    """Median host cost of one call, without waiting for the device."""
+    samples = []
+    for i in range(k):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call(*arg_sets[i % len(arg_sets)])
+        samples.append((time.perf_counter() - t0) * 1e3)
+    if cuda:
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _graph_ms(call: Callable, args: list) -> tuple[Optional[float], Optional[str]]:
+    """Device time per call of GRAPH_CALLS calls captured in one CUDA graph (None, why) when the
+    call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call(*args)  # allocations of a value-returning call happen outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                call(*args)
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        samples = []
+        for _ in range(5):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / GRAPH_CALLS)
+        return statistics.median(samples), None
+    except Exception as exc:  # not every solution can be captured; that is information, not failure
+        torch.cuda.synchronize()
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
+def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, max_time_s: float,
+              flush_l2: bool = True, cuda_graph: bool = True, host_timing: bool = True) -> dict:
+    """Time ``call(*args)`` over ``arg_sets`` on the current CUDA device (see the module doc).
+    Returns the statistics in ms plus ``method``, ``host_ms``, ``graph_ms``, ``sync_excess_ms``."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    flush = torch.empty(2 * l2_bytes(device), dtype=torch.uint8, device=device) if flush_l2 else None
+    for i in range(max(warmup, 1)):
+        call(*arg_sets[i % len(arg_sets)])
+    torch.cuda.synchronize()
+    host_ms = _host_ms(call, arg_sets, cuda=True)
+    # Enough spin for the host to enqueue the call (twice its host cost, at least 20 us).
+    lead_us = min(max(2e3 * host_ms, 20.0), 20_000.0)
+    cycles = int(lead_us * sleep_cycles_per_us(device))
+
+    def run(fn, n: int, budget_s: float) -> tuple[list, list]:
+        events = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(n)]
+        done = 0
+        deadline = time.perf_counter() + budget_s
+        for i in range(n):
+            args = arg_sets[i % len(arg_sets)]
+            if flush is not None:
+                flush.zero_()
+            torch.cuda._sleep(cycles)
+            start, end, after = events[i]
+            start.record()
+            fn(*args)
+            end.record()
+            torch.cuda.synchronize()
+            after.record()
+            done += 1
+            if time.perf_counter() > deadline and done >= 10:
+                break
+        torch.cuda.synchronize()
+        stream_ms = [events[i][0].elapsed_time(events[i][1]) for i in range(done)]
+        tail_ms = [events[i][1].elapsed_time(events[i][2]) for i in range(done)]
+        return stream_ms, tail_ms
+
+    _, empty_tail = run(lambda *a: None, 30, 1.0)
+    stream_ms, tail_ms = run(call, iterations, max_time_s)
+    baseline_tail = statistics.median(empty_tail)
+    excess = statistics.median(tail_ms) - baseline_tail
+    result = _stats(stream_ms)
+    result.update(method="cuda_events", flush_l2=flush_l2, spin_lead_us=round(lead_us, 1),
+                  sync_excess_ms=max(excess, 0.0))
+    # Work still running after the end event (other streams) counts: end-to-end minus the
+    # constant synchronize latency, when that is clearly more than the stream's own time.
+    if excess > max(0.002, 0.1 * result["median_ms"]):
+        total = [s + t - baseline_tail for s, t in zip(stream_ms, tail_ms)]
+        result.update(_stats(total))
+        result["method"] = "cuda_events+device_synchronize"
+    result["host_ms"] = host_ms if host_timing else None
+    if cuda_graph:
+        result["graph_ms"], why = _graph_ms(call, arg_sets[0])
+        if why:
+            result["graph_error"] = why
+    return result
+
+
+def time_cpu(call: Callable, arg_sets: list, *, warmup: int, iterations: int, max_time_s: float, **_) -> dict:
+    """Host-clock time of ``call(*args)``, input sets rotating (see the module doc)."""
+    for i in range(warmup):
+        call(*arg_sets[i % len(arg_sets)])
+    samples = []
+    deadline = time.perf_counter() + max_time_s
+    for i in range(iterations):
+        t0 = time.perf_counter()
+        call(*arg_sets[i % len(arg_sets)])
+        samples.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() > deadline and len(samples) >= 10:
+            break
+    result = _stats(samples)
+    result["method"] = "host_clock"
+    return result
+
+
+def calibrate_copy(device: torch.device, nbytes: Optional[int] = None) -> dict:
+    """Copy bandwidth of ``device`` (GB/s counting read + write) and how it was measured."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            free, _ = torch.cuda.mem_get_info()
+            nbytes = nbytes or int(min(2 << 30, free // 4)) // 4096 * 4096
+            src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+            dst = torch.empty_like(src)
+            for _ in range(3):
+                dst.copy_(src)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            samples = []
+            for _ in range(10):
+                start.record()
+                dst.copy_(src)
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            del src, dst
+            torch.cuda.empty_cache()
+    else:
+        nbytes = nbytes or 256 << 20
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            samples.append((time.perf_counter() - t0) * 1e3)
+    ms = statistics.median(samples)
+    return {"gbps": 2 * nbytes / (ms * 1e6), "bytes": nbytes, "median_ms": ms}

@@ -1,0 +1,236 @@
+"""The worker process: the only place solution code is imported and run.
+
+Started by the runner as ``python -m opforge.bench.worker FD DEVICE MODULES_JSON`` with one end of
+a socket pair on FD and its stdout/stderr going to a log file. It answers one request at a time
+(dicts, see ``Worker.handle``); requests carry inputs, never reference outputs, and replies carry
+what each call did (``CallRecord``) for the runner to judge. A segfault or an illegal memory
+access kills only this process: the runner sees the socket close, reads the log and starts
+another.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+import torch
+
+from . import _wire
+from .evaluator import CallRecord, run_call
+from .timing import calibrate_copy, time_cpu, time_cuda
+
+
+def environment(device: torch.device) -> dict:
+    """What the Trace's Environment records about this device and its software."""
+    import platform
+
+    import opforge
+
+    info = opforge.build_info()
+    libs = {"torch": torch.__version__, "opforge": info["version"], "python": platform.python_version()}
+    if info.get("commit"):
+        libs["opforge_commit"] = info["commit"]
+    for name in ("triton", "tvm_ffi"):
+        try:
+            libs[name] = __import__(name).__version__
+        except Exception:
+            pass
+    hardware_info = {"device": str(device)}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        hardware = props.name
+        libs["cuda"] = str(torch.version.cuda)
+        driver = _driver_version()
+        if driver:
+            libs["driver"] = driver
+        hardware_info.update(sm_count=props.multi_processor_count, compute_capability=f"{props.major}.{props.minor}",
+                             memory_gib=round(props.total_memory / 2**30, 1),
+                             l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
+        hardware_info.update(_clocks(device.index or 0))
+    else:
+        hardware = _cpu_name()
+        hardware_info["threads"] = torch.get_num_threads()
+    return {"hardware": hardware, "libs": libs, "hardware_info": hardware_info}
+
+
+def _driver_version() -> str:
+    try:
+        import ctypes
+
+        version = ctypes.c_int()
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except Exception:
+        return ""
+
+
+def _clocks(index: int) -> dict:
+    """SM and memory clocks now and at most, from nvidia-smi when it is there."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return {}
+    fields = ["clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem", "driver_version"]
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(index), f"--query-gpu={','.join(fields)}",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        values = [v.strip() for v in out.strip().split(",")]
+        keys = ["sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "max_mem_clock_mhz", "driver"]
+        return {k: (int(v) if v.isdigit() else v) for k, v in zip(keys, values) if v and "N/A" not in v}
+    except Exception:
+        return {}
+
+
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+class Worker:
+    def __init__(self, device: str, modules: list[str]):
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.modules = modules
+        self.loaded_modules = False
+        self.runnables = {}
+        self.sets = []  # device input sets of the current workload, for timing
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def handle(self, request: dict) -> dict:
+        op = request["op"]
+        return getattr(self, f"_op_{op}")(**{k: v for k, v in request.items() if k != "op"})
+
+    def _op_hello(self, calibrate: bool = False) -> dict:
+        reply = {"environment": environment(self.device)}
+        if calibrate:
+            reply["calibration"] = calibrate_copy(self.device)
+        return reply
+
+    def _load_modules(self):
+        if not self.loaded_modules:
+            from ..registry import load_solution_modules
+
+            load_solution_modules(self.modules)
+            self.loaded_modules = True
+
+    def _op_discover(self) -> dict:
+        """The Solutions that the modules register (their code stays in this process)."""
+        from ..registry import BACKENDS
+
+        self._load_modules()
+        return {"solutions": [s.to_dict() for s in BACKENDS]}
+
+    def _op_build(self, solution: dict, definition: dict) -> dict:
+        from ..registry import BACKENDS, BuildError, build
+        from ..trace import Definition, Solution
+
+        self._load_modules()
+        solution, definition = Solution.from_dict(solution), Definition.from_dict(definition)
+        fn = None
+        if solution.name in BACKENDS and BACKENDS.get(solution.name).content_hash() == solution.content_hash():
+            fn = BACKENDS.function(solution.name)
+        try:
+            runnable = build(solution, definition, self.device, fn=fn)
+        except BuildError as exc:
+            return {"ok": False, "kind": exc.kind, "log": str(exc)}
+        except Exception as exc:  # a builder or the solution's module failing in a way nobody named
+            return {"ok": False, "kind": "COMPILE_ERROR",
+                    "log": f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exc(limit=-4))}"}
+        self.runnables[solution.name] = runnable
+        return {"ok": True, "destination_passing": runnable.destination_passing_style}
+
+    def _to_device(self, inputs: list) -> list:
+        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in inputs]
+
+    def _call_and_args(self, runnable, inputs: list):
+        if runnable.destination_passing_style:
+            return runnable.call_into, inputs + runnable.allocate_outputs(*inputs)
+        return runnable, inputs
+
+    def _op_check(self, solution: str, input_sets: list, keep: bool = False) -> dict:
+        """Call the solution once on each input set (fresh device copies each time)."""
+        runnable = self.runnables[solution]
+        records = []
+        for cpu_inputs in input_sets:
+            inputs = self._to_device(cpu_inputs)
+            outputs = runnable.allocate_outputs(*inputs) if runnable.destination_passing_style else None
+            fn = runnable.call_into if outputs is not None else runnable
+            record = run_call(fn, runnable.definition, inputs, outputs=outputs)
+            records.append(record.to_cpu())
+            if record.error is not None:
+                return {"records": records, "healthy": self._healthy()}
+        if keep:
+            self.sets = input_sets
+        return {"records": records, "healthy": True}
+
+    def _op_time(self, solution: str, settings: dict) -> dict:
+        runnable = self.runnables[solution]
+        arg_sets = []
+        for cpu_inputs in self.sets:
+            call, args = self._call_and_args(runnable, self._to_device(cpu_inputs))
+            arg_sets.append(args)
+        timer = time_cuda if self.device.type == "cuda" else time_cpu
+        keys = ("warmup", "iterations", "max_time_s", "flush_l2", "cuda_graph", "host_timing")
+        try:
+            timing = timer(call, arg_sets, **{k: settings[k] for k in keys})
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exc(limit=-4))}",
+                    "healthy": self._healthy()}
+        return {"timing": timing, "healthy": True}
+
+    def _healthy(self) -> bool:
+        """False when the CUDA context is gone (an illegal access): the runner restarts us."""
+        if self.device.type != "cuda":
+            return True
+        try:
+            torch.cuda.synchronize()
+            return float(torch.ones(1, device=self.device).sum().item()) == 1.0
+        except Exception:
+            return False
+
+
+def serve(conn: Connection, worker: Worker) -> None:
+    while True:
+        try:
+            request = _wire.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if request.get("op") == "exit":
+            return
+        try:
+            reply = worker.handle(request)
+        except Exception as exc:  # a request the worker itself could not serve
+            reply = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}", "healthy": False}
+        conn.send_bytes(_wire.dumps(reply))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if reply.get("healthy") is False:
+            return
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    fd, device, modules = int(argv[0]), argv[1], json.loads(argv[2])
+    faulthandler.enable(all_threads=True)  # a segfault leaves its Python stack in the log
+    conn = Connection(fd)
+    with torch.no_grad():
+        serve(conn, Worker(device, modules))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
