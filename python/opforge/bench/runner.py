@@ -390,11 +390,11 @@ class _Case:
         reply = dev.worker.request({"op": "check", "solution": solution.name, "input_sets": sets, "keep": keep},
                                    timeout=settings.timeout_s)
         verdicts: list[Check] = []
-        for inputs, record in zip(sets, reply["records"]):
+        for k, (inputs, record) in enumerate(zip(sets, reply["records"])):
             verdict = judge(self.definition, record, self.digests[id(inputs)], self.references[id(inputs)],
                             tolerance=settings.tolerance)
             if not verdict.passed:
-                log = f"{what} (input set {sets.index(inputs) + 1} of {len(sets)}): {verdict.log}"
+                log = f"{what} (input set {k + 1} of {len(sets)}): {verdict.log}"
                 if reply.get("printed", "").strip():
                     log += f"\n--- worker output ---\n{reply['printed']}"
                 raise _Failed(verdict.status, log, verdict.correctness)

@@ -1,0 +1,222 @@
+"""The benchmark runner against adversarial solutions: one run survives all of them and records
+each with the right status and log; honest solutions get complete, consistent measurements; the
+traces land in the dataset and --resume skips them; solution code never runs in this process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "registry"))
+
+from adversaries import EXPECTED, LOG_WORDS, SOURCES  # noqa: E402
+from registry_helpers import mul_definition, solution  # noqa: E402
+
+from opforge.bench import Benchmark, BenchmarkConfig, Settings  # noqa: E402
+from opforge.registry import CACHE_DIR_VAR  # noqa: E402
+from opforge.trace import TraceSet, Workload  # noqa: E402
+
+DEF = "mul_h8"
+BATCHES = (4, 32)
+FAST = Settings(iterations=5, warmup=1, max_time_s=0.2, timeout_s=8, cuda_graph=False)
+
+
+def make_dataset(root: Path, names=None) -> TraceSet:
+    ts = TraceSet(root)
+    ts.add_definition(mul_definition())
+    for batch in BATCHES:
+        ts.add_workload(DEF, Workload(uuid=f"b{batch}", axes={"batch": batch},
+                                      inputs={"x": {"type": "random"}, "w": {"type": "random"}}))
+    for name, source in SOURCES.items():
+        if names is not None and name not in names:
+            continue
+        text, options = source if isinstance(source, tuple) else (source, {})
+        ts.add_solution(solution(f"{DEF}_{name}", text, dps=options.get("dps", False),
+                                 language=options.get("language", "python"), entry=options.get("entry", "kernel.py::run")))
+    ts.save(root)
+    return TraceSet.load(root)
+
+
+def config(**kw) -> BenchmarkConfig:
+    kw.setdefault("defaults", FAST)
+    return BenchmarkConfig(devices=["cpu"], seed=11, baseline=f"{DEF}_honest", **kw)
+
+
+@pytest.fixture(scope="module")
+def adversarial_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adversarial") / "dataset"
+    ts = make_dataset(root)
+    seen = []
+    bench = Benchmark(ts, config(), on_result=seen.append)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_DIR_VAR, str(root.parent / "cache"))  # the compile error is not cached elsewhere
+        traces = bench.run_all()
+    return root, ts, bench, traces, seen
+
+
+def by_solution(traces) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for t in traces:
+        out.setdefault(t.solution.removeprefix(f"{DEF}_"), []).append(t)
+    return out
+
+
+def test_every_adversary_gets_its_status_on_every_workload(adversarial_run):
+    _, _, bench, traces, seen = adversarial_run
+    got = by_solution(traces)
+    assert set(got) == set(EXPECTED)
+    for name, want in EXPECTED.items():
+        assert sorted(t.workload.uuid for t in got[name]) == ["b32", "b4"], name
+        assert {t.evaluation.status.value for t in got[name]} == {want}, (name, [t.evaluation.log for t in got[name]])
+    assert not bench.result.skipped
+    assert len(seen) == len(traces)  # every result was reported as it finished
+
+
+@pytest.mark.parametrize("name", sorted(LOG_WORDS))
+def test_failures_say_what_went_wrong(adversarial_run, name):
+    _, _, _, traces, _ = adversarial_run
+    for trace in by_solution(traces)[name]:
+        for word in LOG_WORDS[name]:
+            assert word in trace.evaluation.log, (name, word, trace.evaluation.log)
+        assert trace.evaluation.performance is None
+
+
+def test_passed_traces_carry_consistent_measurements(adversarial_run):
+    _, ts, bench, traces, _ = adversarial_run
+    definition = ts.get_definition(DEF)
+    for t in by_solution(traces)["honest"] + by_solution(traces)["honest_dps"]:
+        ev, p = t.evaluation, t.evaluation.performance
+        assert ev.correctness.max_absolute_error <= 1e-6
+        assert ev.correctness.extra["input_sets"] == 4  # three before timing, one after
+        assert ev.correctness.extra["fraction_within_tolerance"] == {"y": 1.0}
+        assert ev.seed is not None and ev.device == "cpu"
+        assert ev.definition_hash == definition.content_hash()
+        assert ev.solution_hash == ts.get_solution(t.solution).content_hash()
+        assert ev.environment.libs["torch"] == torch.__version__ and "opforge" in ev.environment.libs
+        assert p.latency_ms > 0 and p.timing["method"] == "host_clock"
+        assert p.timing["min_ms"] <= p.latency_ms <= p.timing["max_ms"]
+        assert 1 <= p.timing["iterations"] <= 5
+        nbytes = definition.bytes_moved(definition.full_axis_values(t.workload.axes))
+        assert p.timing["bytes"] == nbytes
+        assert math.isclose(p.achieved_gbps, nbytes / (p.latency_ms * 1e6))
+        assert math.isclose(p.percent_of_peak, 100 * p.achieved_gbps / p.calibrated_gbps)
+        assert p.reference_latency_ms > 0
+        assert math.isclose(p.speedup_factor, p.reference_latency_ms / p.latency_ms)
+        assert p.baseline_solution == f"{DEF}_honest"
+        assert math.isclose(p.baseline_speedup_factor, p.baseline_latency_ms / p.latency_ms)
+        if t.solution == f"{DEF}_honest":
+            assert p.baseline_latency_ms == p.latency_ms
+    # The same seed for every solution on a workload: they saw the same inputs.
+    seeds = {(t.workload.uuid, t.evaluation.seed) for t in traces}
+    assert len(seeds) == len(BATCHES)
+
+
+def test_the_run_is_in_the_dataset_and_resume_skips_it(adversarial_run):
+    root, ts, _, traces, _ = adversarial_run
+    reloaded = TraceSet.load(root)
+    assert not reloaded.load_errors
+    saved = reloaded.get_traces(DEF)
+    assert len(saved) == len(traces)
+    assert sorted((t.solution, t.workload.uuid, t.evaluation.status.value) for t in saved) == \
+        sorted((t.solution, t.workload.uuid, t.evaluation.status.value) for t in traces)
+    again = Benchmark(reloaded, config(resume=True)).run_all()
+    assert again == []
+    logs = list((root / "logs").glob("worker-cpu-*.log"))
+    assert len(logs) >= 4  # the crashes and hangs each cost a worker
+
+
+def test_resume_runs_what_changed(tmp_path):
+    ts = make_dataset(tmp_path / "ds", names={"honest", "constant"})
+    assert len(Benchmark(ts, config()).run_all()) == 4
+    ts = TraceSet.load(tmp_path / "ds")
+    ts.add_workload(DEF, Workload(uuid="b64", axes={"batch": 64}, inputs={"x": {"type": "random"},
+                                                                          "w": {"type": "random"}}), persist=True)
+    new = Benchmark(ts, config(resume=True)).run_all()
+    assert sorted((t.solution, t.workload.uuid) for t in new) == [(f"{DEF}_constant", "b64"), (f"{DEF}_honest", "b64")]
+
+
+def test_config_tolerance_and_selection(tmp_path):
+    ts = make_dataset(tmp_path / "ds", names={"honest", "wrong_values", "constant"})
+    cfg = config(definition_settings={DEF: {"atol": 0.02, "rtol": 0.0}}, solutions=[f"{DEF}_wrong_values"])
+    traces = Benchmark(ts, cfg).run_all()
+    assert {t.solution for t in traces} == {f"{DEF}_wrong_values"}
+    assert all(t.is_successful() for t in traces)  # 0.01 off is inside atol 0.02
+    assert all(t.evaluation.performance.baseline_latency_ms is None for t in traces)  # baseline not run
+
+
+MODULE = """
+import os
+from pathlib import Path
+from opforge.registry import BACKENDS
+
+Path(os.environ["OPFORGE_TEST_PIDS"], f"import-{os.getpid()}").touch()
+
+def mul(x, w):
+    Path(os.environ["OPFORGE_TEST_PIDS"], f"call-{os.getpid()}").touch()
+    return x * w
+
+BACKENDS.register("mul_h8_from_module", mul, "x * w from a module", "pytorch", definition="mul_h8")
+BACKENDS.register("mul_h8_from_module_too", mul, "the same again", "pytorch", definition="mul_h8")
+"""
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_module_solutions_run_only_in_workers(tmp_path, monkeypatch, isolate):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv("OPFORGE_TEST_PIDS", str(pids))
+    module = tmp_path / "my_kernels.py"
+    module.write_text(MODULE)
+    ts = make_dataset(tmp_path / "ds", names=set())
+    traces = Benchmark(ts, config(modules=[str(module)], isolate=isolate)).run_all()
+    assert sorted(t.solution for t in traces) == sorted([f"{DEF}_from_module", f"{DEF}_from_module_too"] * 2)
+    assert all(t.is_successful() for t in traces), [t.evaluation.log for t in traces]
+    assert "my_kernels" not in sys.modules
+    seen = {p.name for p in pids.iterdir()}
+    assert f"import-{os.getpid()}" not in seen and f"call-{os.getpid()}" not in seen
+    callers = {n for n in seen if n.startswith("call-")}
+    # One worker serves every solution unless each gets a fresh one.
+    assert (len(callers) == 1) != isolate and len(callers) >= 1
+    # The module's solutions are now part of the dataset, so the traces reload.
+    assert len(TraceSet.load(tmp_path / "ds").get_traces(DEF)) == 4
+
+
+def test_unknown_definition_is_refused(tmp_path):
+    ts = make_dataset(tmp_path / "ds", names={"honest"})
+    with pytest.raises(ValueError, match="no definition named nope"):
+        Benchmark(ts, config(definitions=["nope"])).run_all()
+
+
+def test_workloads_too_large_for_the_cpu_are_skipped(tmp_path):
+    ts = make_dataset(tmp_path / "ds", names={"honest"})
+    bench = Benchmark(ts, config(max_elements=100))
+    traces = bench.run_all()
+    assert [t.workload.uuid for t in traces] == ["b4"]
+    assert [(s.workload, "max_elements 100" in s.reason) for s in bench.result.skipped] == [("batch=32", True)]
+
+
+def test_a_broken_reference_skips_the_workload(tmp_path):
+    ts = TraceSet(tmp_path / "ds")
+    d = mul_definition().model_copy(update={"reference": "def run(x, w):\n    raise ValueError('bad ref')\n"})
+    ts.add_definition(d)
+    ts.add_workload(DEF, Workload(uuid="b4", axes={"batch": 4}, inputs={"x": {"type": "random"},
+                                                                        "w": {"type": "random"}}))
+    ts.add_solution(solution(f"{DEF}_honest", SOURCES["honest"]))
+    bench = Benchmark(ts, config(), persist=False)
+    assert bench.run_all() == []
+    assert "bad ref" in bench.result.skipped[0].reason
+
+
+def test_single_file_datasets_are_saved_at_the_end(tmp_path):
+    make_dataset(tmp_path / "ds", names={"honest"}).save(tmp_path / "set.json")
+    ts = TraceSet.load(tmp_path / "set.json")
+    Benchmark(ts, config(log_dir=str(tmp_path / "logs"))).run_all()
+    data = json.loads((tmp_path / "set.json").read_text())
+    assert len(data["traces"][DEF]) == 2
+    assert not (tmp_path / "traces").exists()
