@@ -122,9 +122,16 @@ def test_devices_run_in_parallel(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     ts = dataset(tmp_path / "ds", {"honest": HONEST})
-    ts.add_definition(mul_definition(name="mul_h8_b"))
-    got = run(ts, devices=["cuda:0", "cuda:1"])
-    assert {t.evaluation.device for t in got.values()} <= {"cuda:0", "cuda:1"}
+    for k in range(3):  # more Definitions than devices, so both get work
+        name = f"mul_h8_{k}"
+        ts.add_definition(mul_definition(name=name))
+        ts.add_workload(name, Workload(uuid=f"{name}_b64", axes={"batch": 64},
+                                       inputs={"x": {"type": "random"}, "w": {"type": "random"}}))
+        ts.add_solution(solution(f"{name}_honest", HONEST, target=("cuda",), definition=name))
+    traces = Benchmark(ts, BenchmarkConfig(seed=3, devices=["cuda:0", "cuda:1"], baseline=None,
+                                           defaults=Settings(iterations=10, max_time_s=0.5))).run_all()
+    assert len(traces) == 5 and all(t.is_successful() for t in traces)
+    assert {t.evaluation.device for t in traces} == {"cuda:0", "cuda:1"}
 
 
 def test_timer_measures_device_time_not_host_time():

@@ -25,6 +25,7 @@ Definition's builtin one).
 
 from __future__ import annotations
 
+import itertools
 import queue
 import random
 import threading
@@ -90,6 +91,7 @@ class _Device:
         self.environment: Optional[Environment] = None
         self.calibration: Optional[dict] = None
         self._built: dict[str, tuple[int, dict]] = {}  # solution name -> (worker start, reply)
+        self._loaded: Optional[tuple[int, int]] = None  # (worker start, case serial) it holds
 
     def hello(self) -> None:
         reply = self.worker.request({"op": "hello", "calibrate": True}, timeout=300)
@@ -106,9 +108,16 @@ class _Device:
         self._built[solution.name] = (self.worker.starts, reply)
         return reply
 
+    def load(self, case: "_Case", timeout: float) -> None:
+        """Send the case's input sets once; again only to a worker that restarted since."""
+        if self._loaded != (self.worker.starts, case.serial) or not self.worker.alive:
+            self.worker.request({"op": "load", "key": case.workload.uuid, "input_sets": case.sets}, timeout=timeout)
+            self._loaded = (self.worker.starts, case.serial)
+
     def forget(self) -> None:
         self.worker.stop()
         self._built.clear()
+        self._loaded = None
 
 
 class Benchmark:
@@ -302,10 +311,7 @@ class Benchmark:
         try:
             if not dev.build(reference, definition, settings.build_timeout_s).get("ok"):
                 return 0.0
-            reply = dev.worker.request({"op": "check", "solution": reference.name, "input_sets": case.sets,
-                                        "keep": True}, timeout=settings.timeout_s)
-            if any(r.error for r in reply["records"]):
-                return 0.0
+            dev.load(case, settings.timeout_s)
             reply = dev.worker.request({"op": "time", "solution": reference.name,
                                         "settings": settings.model_dump()}, timeout=settings.timeout_s)
         except WorkerFailure:
@@ -326,16 +332,15 @@ class Benchmark:
                 return Skipped(definition.name, solution.name, label, reply["log"])
             return case.trace(solution, dev, S.COMPILE_ERROR, f"{reply['kind']}: {reply['log']}")
         try:
-            correctness = case.check(dev, solution, case.sets, settings, keep=True, what="check")
+            correctness = case.check(dev, solution, None, settings, what="check")
             reply = dev.worker.request({"op": "time", "solution": solution.name, "settings": settings.model_dump()},
                                        timeout=settings.timeout_s)
             if "error" in reply:
                 raise _Failed(S.RUNTIME_ERROR, f"while timing: {reply['error']}")
             timing = reply["timing"]
-            after = case.check(dev, solution, [case.fresh], settings, keep=False,
-                               what="after timing, on a fresh input set")
+            after = case.check(dev, solution, [case.fresh], settings, what="after timing, on a fresh input set")
         except WorkerFailure as exc:
-            return case.trace(solution, dev, _failure_status(exc), _failure_log(exc, "the solution"))
+            return case.trace(solution, dev, _failure_status(exc), _failure_log(exc, "running the solution"))
         except _Failed as failed:
             return case.trace(solution, dev, failed.status, failed.log, correctness=failed.correctness)
         correctness = _merge(correctness, after)
@@ -359,7 +364,10 @@ def _merge(a: Correctness, b: Correctness) -> Correctness:
 class _Case:
     """One workload on one device: its input sets, their reference outputs and input digests."""
 
+    _serials = itertools.count()
+
     def __init__(self, runner: Benchmark, definition, workload, seed: int):
+        self.serial = next(self._serials)
         self.runner, self.definition, self.workload, self.seed = runner, definition, workload, seed
         self.sets: list = []
         self.fresh: list = []
@@ -386,9 +394,13 @@ class _Case:
         case.sets, case.fresh = all_sets[:-1], all_sets[-1]
         return case
 
-    def check(self, dev: _Device, solution, sets: list, settings: Settings, *, keep: bool, what: str) -> Correctness:
-        reply = dev.worker.request({"op": "check", "solution": solution.name, "input_sets": sets, "keep": keep},
+    def check(self, dev: _Device, solution, sets: Optional[list], settings: Settings, *, what: str) -> Correctness:
+        """Check the solution on ``sets`` (None: the case's own sets, loaded in the worker once)."""
+        if sets is None:
+            dev.load(self, settings.timeout_s)
+        reply = dev.worker.request({"op": "check", "solution": solution.name, "input_sets": sets},
                                    timeout=settings.timeout_s)
+        sets = self.sets if sets is None else sets
         verdicts: list[Check] = []
         for k, (inputs, record) in enumerate(zip(sets, reply["records"])):
             verdict = judge(self.definition, record, self.digests[id(inputs)], self.references[id(inputs)],

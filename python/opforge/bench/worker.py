@@ -15,6 +15,7 @@ import json
 import sys
 import traceback
 from multiprocessing.connection import Connection
+from typing import Optional
 
 import torch
 
@@ -106,7 +107,7 @@ class Worker:
         self.modules = modules
         self.loaded_modules = False
         self.runnables = {}
-        self.sets = []  # device input sets of the current workload, for timing
+        self.key, self.sets = None, []  # the loaded workload's input sets (CPU)
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -154,18 +155,26 @@ class Worker:
         return {"ok": True, "destination_passing": runnable.destination_passing_style}
 
     def _to_device(self, inputs: list) -> list:
-        return [v.to(self.device) if isinstance(v, torch.Tensor) else v for v in inputs]
+        # Always a copy (also on the CPU): what one call does to its inputs must not reach the next.
+        return [v.to(self.device, copy=True) if isinstance(v, torch.Tensor) else v for v in inputs]
 
     def _call_and_args(self, runnable, inputs: list):
         if runnable.destination_passing_style:
             return runnable.call_into, inputs + runnable.allocate_outputs(*inputs)
         return runnable, inputs
 
-    def _op_check(self, solution: str, input_sets: list, keep: bool = False) -> dict:
-        """Call the solution once on each input set (fresh device copies each time)."""
+    def _op_load(self, key: str, input_sets: list) -> dict:
+        """Keep a workload's input sets (on the CPU; device copies are made per call) for the
+        checks and timings that follow."""
+        self.key, self.sets = key, input_sets
+        return {"ok": True}
+
+    def _op_check(self, solution: str, input_sets: Optional[list] = None) -> dict:
+        """Call the solution once on each input set (the loaded ones by default), each time on
+        fresh device copies."""
         runnable = self.runnables[solution]
         records = []
-        for cpu_inputs in input_sets:
+        for cpu_inputs in (self.sets if input_sets is None else input_sets):
             inputs = self._to_device(cpu_inputs)
             outputs = runnable.allocate_outputs(*inputs) if runnable.destination_passing_style else None
             fn = runnable.call_into if outputs is not None else runnable
@@ -173,8 +182,6 @@ class Worker:
             records.append(record.to_cpu())
             if record.error is not None:
                 return {"records": records, "healthy": self._healthy()}
-        if keep:
-            self.sets = input_sets
         return {"records": records, "healthy": True}
 
     def _op_time(self, solution: str, settings: dict) -> dict:
