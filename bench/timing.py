@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from opforge.bench import timing as opforge_timing
+
 GRAPH_CALLS = 100
 
 
@@ -32,28 +34,12 @@ def sync(cuda: bool):
 
 
 def l2_bytes() -> int:
-    try:
-        return int(torch.cuda.get_device_properties(0).L2_cache_size) or 60 << 20
-    except Exception:
-        return 60 << 20
-
-
-_CYCLES_PER_US = None
+    return opforge_timing.l2_bytes(torch.device("cuda", 0))
 
 
 def _sleep_cycles_per_us() -> float:
-    """Calibrate torch.cuda._sleep once: it counts clock cycles, not time."""
-    global _CYCLES_PER_US
-    if _CYCLES_PER_US is None:
-        cycles = 10_000_000
-        torch.cuda._sleep(cycles // 10)  # warm-up
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        torch.cuda._sleep(cycles)
-        b.record()
-        b.synchronize()
-        _CYCLES_PER_US = cycles / max(a.elapsed_time(b) * 1e3, 1.0)
-    return _CYCLES_PER_US
+    """torch.cuda._sleep counts clock cycles, not time."""
+    return opforge_timing.sleep_cycles_per_us(torch.device("cuda", 0))
 
 
 def _host_costs_us(fn, sets, cuda, k=5):
@@ -114,30 +100,7 @@ def host_loop_us(fn, args, cuda: bool, n=200, repeats=5):
 
 def graph_replay_us(fn, args, replays=10, repeats=5):
     """Device µs per call from replaying GRAPH_CALLS captured calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as capture requires
-        for _ in range(3):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(GRAPH_CALLS):
-            fn(*args)
-    g.replay()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        b.synchronize()
-        per.append(a.elapsed_time(b) * 1e3 / (replays * GRAPH_CALLS))
-    del g
-    return statistics.median(per)
+    return 1e3 * opforge_timing.graph_ms_per_call(fn, args, calls=GRAPH_CALLS, replays=replays, repeats=repeats)
 
 
 def copy_bandwidth_gbps(cuda: bool, nbytes=2 << 30, iters=20):

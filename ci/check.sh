@@ -12,8 +12,11 @@ step "dependencies"
 # torch's CPU build (the CUDA wheels are several GB and no GPU is here); then the test tools.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 # triton (its interpreter runs Triton solutions on the CPU) and apache-tvm-ffi (FlashInfer-Bench
-# style CUDA/C++ solutions) let the registry tests cover those builders too.
-$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" numpy triton apache-tvm-ffi
+# style CUDA/C++ solutions) let the registry tests cover those builders too; matplotlib draws the
+# plots of the HTML report.
+$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" numpy triton apache-tvm-ffi matplotlib
+# A headless browser renders the HTML report in tests/report (CI runs as root on Debian).
+command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 step "build (CUDA_ARCH_LIST=${CUDA_ARCH_LIST:-9.0a})"
 start=$(date +%s)
@@ -32,6 +35,8 @@ assert info["cuda_archs"], info
 PY
 
 step "tests"
+# The browser tests of the HTML report fail instead of skipping when chromium is missing.
+export OPFORGE_REQUIRE_BROWSER=1
 # python/ is not on sys.path here, so the tests import the installed package and its extension.
 $PY -m pytest tests -q -p no:cacheprovider
 

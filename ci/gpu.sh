@@ -2,6 +2,7 @@
 # One call on a GPU machine: build the wheel for its arch, run the whole test suite (GPU tests
 # included), the self-check and the roofline benchmark. Results land in $OUT (default ./out):
 #   build.log, tests.log, selfcheck.log, bench.log, results.json, results.md
+# TESTS (default: tests) narrows the test run; SKIP_BENCH=1 leaves out the roofline benchmark.
 # Carried wheels in .whl/ (e.g. Liger-Kernel for the peer columns) are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ fi
 echo "build: $(( $(date +%s) - start )) s; $(grep -o 'Created wheel.*size=[0-9]*' "$OUT/build.log")"
 
 $PY -m opforge >"$OUT/selfcheck.log" 2>&1; echo "self-check: $(tail -1 "$OUT/selfcheck.log")"
-$PY -m pytest tests -q -p no:cacheprovider -x ${PYTEST_ARGS:-} >"$OUT/tests.log" 2>&1
+$PY -m pytest ${TESTS:-tests} -q -p no:cacheprovider -x ${PYTEST_ARGS:-} >"$OUT/tests.log" 2>&1
 echo "tests: $(tail -1 "$OUT/tests.log")"
 grep -E "FAILED|Error" "$OUT/tests.log" | head -20
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

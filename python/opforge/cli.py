@@ -1,6 +1,7 @@
 """The ``opforge`` command. Subcommands:
 
     opforge run [options]       benchmark every solution of a dataset (default: the built-in one)
+    opforge report summary|best|html   what the recorded Traces say (tables, an HTML page with plots)
     opforge smoke [names...]    run solutions once against their Definitions' references
     opforge info                what this build contains
 """
@@ -23,6 +24,11 @@ def main(argv=None) -> int:
                               description=run_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     run_cli.add_arguments(run)
     run.set_defaults(run=run_cli.run)
+    from .report import cli as report_cli
+
+    report = commands.add_parser("report", help="summaries, the best solutions and an HTML report of Traces")
+    report_cli.add_arguments(report)
+    report.set_defaults(run=report_cli.run)
     smoke = commands.add_parser("smoke", help="smoke-test solutions against the references")
     smoke_test.add_arguments(smoke)
     smoke.set_defaults(run=smoke_test.run)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-#: On a CPU, workloads larger than this many elements per tensor are skipped (--max-elements).
-CPU_MAX_ELEMENTS = 1 << 22
+from .bench.config import CPU_MAX_ELEMENTS  # on a CPU, larger workloads are skipped
 
 
 @dataclass

@@ -99,7 +99,7 @@ def test_work_left_on_another_stream_is_counted_or_flagged(tmp_path):
         t = got[("side_stream", uuid)]
         assert t.is_successful(), t.evaluation.log
         p = t.evaluation.performance
-        counted = p.timing["method"] == "cuda_events+device_synchronize"
+        counted = p.timing["method"].startswith("cuda_events+device_synchronize")
         assert counted or p.suspect, p.timing
     # 40 multiplies of 64 MiB on the side stream: far longer than the spin lead, so counted, and
     # at least 20x what one honest multiply takes.

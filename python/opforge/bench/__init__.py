@@ -3,10 +3,9 @@
 runner that puts them together in isolated worker processes (runner.py, worker.py)."""
 
 from .config import BenchmarkConfig, Settings
-from .evaluator import (CallRecord, Check, DEFAULT_TOLERANCES, check_call, compare_outputs, input_digests, judge,
-                        run_call)
+from .evaluator import (CallRecord, Check, DEFAULT_TOLERANCES, check_call, compare_outputs, judge, run_call)
 from .inputs import generate_inputs
 from .runner import Benchmark, RunResult, Skipped
 
 __all__ = ["Benchmark", "BenchmarkConfig", "CallRecord", "Check", "DEFAULT_TOLERANCES", "RunResult", "Settings",
-           "Skipped", "check_call", "compare_outputs", "generate_inputs", "input_digests", "judge", "run_call"]
+           "Skipped", "check_call", "compare_outputs", "generate_inputs", "judge", "run_call"]

@@ -3,8 +3,9 @@
 ``check_call`` runs one call and judges it against reference outputs:
 - destination-passing outputs are poisoned first (NaN, or the dtype's largest integer), so an
   element the solution never writes cannot pass by accident;
-- every tensor input is hashed before and after; changing an input fails the call unless the
-  Definition lets an output live in that input (``aliases``) and the change is that output;
+- every tensor input is compared bit for bit with a copy taken before the call; changing an
+  input fails the call unless the Definition lets an output live in that input (``aliases``)
+  and the change is that output;
 - a returned output that shares memory with an input (not allowed by ``aliases``) or with
   another output fails;
 - shapes and dtypes must match exactly; values must satisfy ``|got - ref| <= atol + rtol·|ref|``
@@ -15,7 +16,6 @@ The max absolute / relative errors and the fraction of elements within tolerance
 
 from __future__ import annotations
 
-import hashlib
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -51,9 +51,19 @@ class Check:
         return self.status == EvaluationStatus.PASSED
 
 
-def _digest(t: torch.Tensor) -> str:
-    data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN payloads and -0.0 included), on the tensors' own device."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    as_int = _SAME_SIZE_INT.get(a.element_size())
+    if as_int is None or a.is_complex():
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -96,7 +106,8 @@ def compare_outputs(definition, got, want, *, tolerance: Optional[tuple[float, f
         if g.dtype != w.dtype:
             return Check(EvaluationStatus.INCORRECT_DTYPE, log=f"{name}: dtype {g.dtype}, expected {w.dtype}")
         atol, rtol = tolerance if tolerance is not None else _tolerance(definition, name)
-        g64, w64 = g.detach().to("cpu", torch.float64), w.detach().to("cpu", torch.float64)
+        # In fp64 where the reference lives (a GPU compares 100M-element outputs in milliseconds).
+        g64, w64 = g.detach().to(w.device, torch.float64), w.detach().to(torch.float64)
         both_nan = torch.isnan(g64) & torch.isnan(w64)
         same_inf = torch.isinf(w64) & (g64 == w64)
         finite = torch.isfinite(g64) & torch.isfinite(w64)
@@ -123,13 +134,13 @@ def compare_outputs(definition, got, want, *, tolerance: Optional[tuple[float, f
 
 @dataclass
 class CallRecord:
-    """What one call did, as seen next to it: the outputs (a tuple), the digest of every tensor
-    input afterwards, which outputs share memory with an input or an earlier output, and the
-    error if the call raised. The runner makes these in its worker processes and judges them
-    in the parent (``judge``), which alone holds the reference outputs."""
+    """What one call did, as seen next to it: the outputs (a tuple), the inputs it changed, which
+    outputs share memory with an input or an earlier output, and the error if the call raised.
+    The runner makes these in its worker processes and judges them in the parent (``judge``),
+    which alone holds the reference outputs."""
 
     outputs: Optional[tuple] = None
-    digests_after: dict = field(default_factory=dict)
+    changed: list = field(default_factory=list)  # names of inputs whose bits changed
     shared: list = field(default_factory=list)  # (output name, "input"|"output", other name)
     error: Optional[str] = None
 
@@ -139,15 +150,13 @@ class CallRecord:
         return self
 
 
-def input_digests(definition, inputs: list) -> dict[str, str]:
-    return {n: _digest(v) for n, v in zip(definition.inputs, inputs) if isinstance(v, torch.Tensor)}
-
-
 def run_call(fn: Callable, definition, inputs: list, *, outputs: Optional[list] = None) -> CallRecord:
     """Call ``fn`` on ``inputs`` (Definition order). With ``outputs`` (destination passing) they
     are poisoned first and ``fn(*inputs, *outputs)`` fills them."""
     input_names = list(definition.inputs)
     output_names = list(definition.outputs)
+    tensors_in = {n: v for n, v in zip(input_names, inputs) if isinstance(v, torch.Tensor)}
+    before = {n: v.clone() for n, v in tensors_in.items()}
     try:
         if outputs is not None:
             for o in outputs:
@@ -157,12 +166,11 @@ def run_call(fn: Callable, definition, inputs: list, *, outputs: Optional[list] 
         else:
             got = fn(*inputs)
             got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
-        if any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs):
+        if any(v.is_cuda for v in tensors_in.values()):
             torch.cuda.synchronize()
     except Exception as exc:  # the solution's failure is the result
         tail = "".join(traceback.format_exception(exc)[-6:])
         return CallRecord(error=f"{type(exc).__name__}: {exc}\n{tail}")
-    tensors_in = {n: v for n, v in zip(input_names, inputs) if isinstance(v, torch.Tensor)}
     shared = []
     for oi, (oname, out) in enumerate(zip(output_names, got)):
         if not isinstance(out, torch.Tensor):
@@ -170,11 +178,11 @@ def run_call(fn: Callable, definition, inputs: list, *, outputs: Optional[list] 
         shared += [(oname, "input", iname) for iname, tin in tensors_in.items() if _shares_memory(out, tin)]
         shared += [(oname, "output", other_name) for other_name, other in zip(output_names[oi + 1:], got[oi + 1:])
                    if isinstance(other, torch.Tensor) and _shares_memory(out, other)]
-    return CallRecord(got, {n: _digest(v) for n, v in tensors_in.items()}, shared)
+    changed = [n for n, v in tensors_in.items() if not _same_bits(v, before[n])]
+    return CallRecord(got, changed, shared)
 
 
-def judge(definition, record: CallRecord, digests_before: dict[str, str], reference_outputs, *,
-          tolerance: Optional[tuple[float, float]] = None) -> Check:
+def judge(definition, record: CallRecord, reference_outputs, *, tolerance: Optional[tuple[float, float]] = None) -> Check:
     """The verdict on a CallRecord (see the module doc); ``tolerance`` (atol, rtol) overrides
     the Definition's for every output."""
     if record.error is not None:
@@ -188,8 +196,8 @@ def judge(definition, record: CallRecord, digests_before: dict[str, str], refere
             return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"output {oname} shares memory with input {other}")
         written_into.add(other)
     # Inputs an output was (legitimately) written into may change; no other input may.
-    for iname, digest in digests_before.items():
-        if iname not in written_into and record.digests_after.get(iname) != digest:
+    for iname in record.changed:
+        if iname not in written_into:
             return Check(EvaluationStatus.INCORRECT_NUMERICAL, log=f"the solution modified its input {iname}")
     return compare_outputs(definition, record.outputs, reference_outputs, tolerance=tolerance)
 
@@ -199,6 +207,5 @@ def check_call(fn: Callable, definition, inputs: list, reference_outputs, *,
     """Call ``fn`` on ``inputs`` (Definition order) and judge it (see the module doc). For
     destination passing, ``fn(*inputs, *outputs)`` fills poisoned outputs allocated here."""
     want = reference_outputs if isinstance(reference_outputs, tuple) else (reference_outputs,)
-    before = input_digests(definition, inputs)
     outputs = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in want] if destination_passing else None
-    return judge(definition, run_call(fn, definition, inputs, outputs=outputs), before, want, tolerance=tolerance)
+    return judge(definition, run_call(fn, definition, inputs, outputs=outputs), want, tolerance=tolerance)

@@ -39,7 +39,7 @@ import torch
 from ..trace import Correctness, Environment, Evaluation, EvaluationStatus, Performance, Trace
 from ..trace.trace import utc_timestamp
 from .config import CPU_MAX_ELEMENTS, BenchmarkConfig, Settings
-from .evaluator import Check, input_digests, judge
+from .evaluator import Check, judge
 from .inputs import generate_inputs
 from .process import WorkerFailure, WorkerProcess
 
@@ -362,7 +362,8 @@ def _merge(a: Correctness, b: Correctness) -> Correctness:
 
 
 class _Case:
-    """One workload on one device: its input sets, their reference outputs and input digests."""
+    """One workload on one device: its input sets and their reference outputs (kept on the
+    device, where the comparisons run)."""
 
     _serials = itertools.count()
 
@@ -372,7 +373,6 @@ class _Case:
         self.sets: list = []
         self.fresh: list = []
         self.references: dict[int, tuple] = {}  # id(input set) -> reference outputs
-        self.digests: dict[int, dict] = {}
         self.reference_ms = 0.0
         self.baseline: Optional[str] = None
         self.baseline_ms: Optional[float] = None
@@ -387,10 +387,9 @@ class _Case:
                     for k in range(settings.input_sets + 1)]
         for inputs in all_sets:
             with torch.no_grad():
-                out = reference(*[v.to(device) if isinstance(v, torch.Tensor) else v for v in inputs])
+                out = reference(*[v.to(device, copy=True) if isinstance(v, torch.Tensor) else v for v in inputs])
             out = out if isinstance(out, tuple) else (out,)
-            case.references[id(inputs)] = tuple(o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in out)
-            case.digests[id(inputs)] = input_digests(definition, inputs)
+            case.references[id(inputs)] = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in out)
         case.sets, case.fresh = all_sets[:-1], all_sets[-1]
         return case
 
@@ -403,8 +402,7 @@ class _Case:
         sets = self.sets if sets is None else sets
         verdicts: list[Check] = []
         for k, (inputs, record) in enumerate(zip(sets, reply["records"])):
-            verdict = judge(self.definition, record, self.digests[id(inputs)], self.references[id(inputs)],
-                            tolerance=settings.tolerance)
+            verdict = judge(self.definition, record, self.references[id(inputs)], tolerance=settings.tolerance)
             if not verdict.passed:
                 log = f"{what} (input set {k + 1} of {len(sets)}): {verdict.log}"
                 if reply.get("printed", "").strip():

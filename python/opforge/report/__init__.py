@@ -1,0 +1,24 @@
+"""Reports of benchmark results: tables, a JSON form and a self-contained HTML page made from
+the traces of a dataset (a TraceSet folder or .json file).
+
+Only the latest trace per (definition, workload, solution) counts, so rerunning a solution
+replaces its old results. Timings marked suspect are shown but never win and never enter a
+mean. From the command line: ``opforge report summary|best|html`` (see report/cli.py).
+
+    from opforge.report import summarize, best, write_html, print_summary
+    ts = TraceSet.load("opforge-runs/builtin")
+    print_summary(summarize(ts, definitions=["rmsnorm_*"]))
+    write_html(ts, "report.html")
+
+The HTML report needs matplotlib: ``pip install 'opforge[report]'``.
+"""
+
+from .best import BestRow, best, best_of
+from .console import print_best, print_summary
+from .html import render_html, write_html
+from .rows import rows_to_json
+from .select import collect, latest_traces, workload_label
+from .summary import SummaryRow, summarize, summary_rows
+
+__all__ = ["BestRow", "SummaryRow", "best", "best_of", "collect", "latest_traces", "print_best", "print_summary",
+           "render_html", "rows_to_json", "summarize", "summary_rows", "workload_label", "write_html"]

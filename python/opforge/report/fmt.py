@@ -1,0 +1,58 @@
+"""How report numbers read in tables (the JSON output keeps the raw values).
+
+Latencies show in microseconds: the fused ops take a few microseconds to a few milliseconds,
+and one unit per column keeps rows comparable at a glance.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..trace import EvaluationStatus
+
+NONE = "–"
+
+#: Short names of the failing statuses, for the tables' failure column.
+SHORT_STATUS = {
+    EvaluationStatus.PASSED.value: "passed",
+    EvaluationStatus.INCORRECT_SHAPE.value: "wrong shape",
+    EvaluationStatus.INCORRECT_NUMERICAL.value: "wrong values",
+    EvaluationStatus.INCORRECT_DTYPE.value: "wrong dtype",
+    EvaluationStatus.RUNTIME_ERROR.value: "runtime error",
+    EvaluationStatus.COMPILE_ERROR.value: "compile error",
+    EvaluationStatus.TIMEOUT.value: "timeout",
+}
+
+
+def us(ms: Optional[float]) -> str:
+    if ms is None:
+        return NONE
+    value = ms * 1e3
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}" if value < 1 else f"{value:.2f}"
+
+
+def times(x: Optional[float]) -> str:
+    return NONE if x is None else f"{x:.2f}×"
+
+
+def pct(x: Optional[float]) -> str:
+    return NONE if x is None else f"{x:.1f}%"
+
+
+def gbps(x: Optional[float]) -> str:
+    return NONE if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def margin(x: Optional[float]) -> str:
+    return NONE if x is None else f"+{x:.1f}%"
+
+
+def count(n: int, noun: str) -> str:
+    """``1 trace``, ``2 traces``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def failures(statuses: dict[str, int]) -> str:
+    """``1 wrong values, 2 timeout`` from status counts (PASSED left out)."""
+    parts = [f"{n} {SHORT_STATUS.get(s, s)}" for s, n in statuses.items() if s != EvaluationStatus.PASSED.value and n]
+    return ", ".join(parts) or NONE

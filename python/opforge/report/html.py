@@ -1,0 +1,299 @@
+"""The HTML report: one self-contained file (inline CSS, plots as SVG data URIs, no script).
+
+Everything from the dataset (solution and author names, logs, hardware names) may come from
+anyone who can submit a solution, so every such string goes through ``_e`` (html.escape). The
+plots are embedded as <img> data URIs, in which a browser never runs script, and a
+Content-Security-Policy that allows no script at all backs both up.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+from ..trace import EvaluationStatus, Trace, TraceSet
+from . import fmt
+from .best import BestRow, best_of
+from .plots import Series, finite, line_plot, require_matplotlib
+from .select import DefinitionView, collect, parse_timestamp
+from .stats import believable, first_line, passed, speedup_vs_baseline, speedup_vs_reference
+from .style import CSS
+from .summary import SummaryRow, summary_rows
+
+_LOG_TITLE_CHARS = 2000
+_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _anchor(index: int, name: str) -> str:
+    return f"def-{index}-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name)[:60]
+
+
+def _fmt_time(value: Optional[datetime]) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if value else fmt.NONE
+
+
+# --- header --------------------------------------------------------------------------------
+
+
+def _header(trace_set: TraceSet, views: list[DefinitionView], title: str) -> str:
+    traces = [t for v in views for t in v.cells.values()]
+    hardware = sorted({t.evaluation.environment.hardware for t in traces})
+    devices = sorted({t.evaluation.device for t in traces if t.evaluation.device})
+    libs: dict[str, set[str]] = {}
+    for t in traces:
+        for lib, version in t.evaluation.environment.libs.items():
+            libs.setdefault(lib, set()).add(version)
+    times = sorted(p for t in traces if (p := parse_timestamp(t.evaluation.timestamp)) is not None)
+    solutions = {t.solution for t in traces}
+    items = [
+        ("hardware", ", ".join(hardware) or fmt.NONE),
+        ("devices", ", ".join(devices) or fmt.NONE),
+        ("libraries", ", ".join(f"{lib} {'/'.join(sorted(v))}" for lib, v in sorted(libs.items())) or fmt.NONE),
+        ("runs", f"{_fmt_time(times[0])} – {_fmt_time(times[-1])}" if times else fmt.NONE),
+        ("traces", f"{fmt.count(len(traces), 'latest trace')} of {fmt.count(len(solutions), 'solution')} on "
+                   f"{fmt.count(len(views), 'definition')}"),
+    ]
+    if trace_set.root is not None:
+        items.append(("dataset", str(trace_set.root)))
+    items.append(("generated", _fmt_time(datetime.now(timezone.utc))))
+    meta = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
+    nav = " ".join(f'<a href="#{_e(_anchor(i, v.name))}">{_e(v.name)}</a>' for i, v in enumerate(views))
+    return (f'<header><h1>{_e(title)}</h1><dl class="meta">{meta}</dl></header>'
+            f'<nav><p class="muted">Definitions: {nav or fmt.NONE}</p></nav>')
+
+
+# --- summary -------------------------------------------------------------------------------
+
+
+def _summary_table(rows: list[SummaryRow], anchors: dict[str, str]) -> str:
+    head = ("definition", "solution", "author", "language", "passed", "failures", "median latency (µs)",
+            "median GB/s", "median % of peak", "vs reference (geomean)", "vs baseline (geomean)", "suspect timings",
+            "hardware")
+    body = []
+    for r in rows:
+        suspect = (f'<td class="n suspect"><span class="flag">⚠ {r.suspect}</span></td>' if r.suspect
+                   else '<td class="n">0</td>')
+        body.append(
+            "<tr>"
+            f'<td class="name"><a href="#{_e(anchors[r.definition])}">{_e(r.definition)}</a></td>'
+            f'<td class="name"><b>{_e(r.solution)}</b></td><td>{_e(r.author)}</td><td>{_e(r.language)}</td>'
+            f'<td class="n">{r.passed}/{r.workloads}</td><td>{_e(fmt.failures(r.statuses))}</td>'
+            f'<td class="n">{_e(fmt.us(r.median_latency_ms))}</td><td class="n">{_e(fmt.gbps(r.median_gbps))}</td>'
+            f'<td class="n">{_e(fmt.pct(r.median_percent_of_peak))}</td>'
+            f'<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td>'
+            f'<td class="n" title="{_e(r.baseline or "")}">{_e(fmt.times(r.speedup_vs_baseline))}</td>'
+            f"{suspect}<td>{_e(', '.join(r.hardware))}</td></tr>")
+    header = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return (f'<section id="summary"><h2>Summary</h2><p class="muted">Medians and geometric means over the passed '
+            f"workloads whose timing is not suspect.</p>"
+            f'<div class="scroll"><table class="summary"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody>'
+            "</table></div></section>")
+
+
+# --- plots ---------------------------------------------------------------------------------
+
+
+def _x_axis(view: DefinitionView):
+    """(x value per workload uuid, x label, labelled ticks or None)."""
+    var = view.definition.var_axes
+    if len(var) == 1 and all(var[0] in w.axes for w in view.workloads):
+        return {w.uuid: float(w.axes[var[0]]) for w in view.workloads}, var[0], None
+    xs = {w.uuid: float(i) for i, w in enumerate(view.workloads)}
+    return xs, "workload", [(xs[w.uuid], w.label) for w in view.workloads]
+
+
+def _series(view: DefinitionView, metric) -> list[Series]:
+    xs, _, _ = _x_axis(view)
+    out = []
+    for s in view.solutions:
+        points = []
+        for t in view.traces_of(s.name):
+            value = metric(t) if passed(t) else None
+            if finite(value) and value > 0:
+                points.append((xs[t.workload.uuid], value, not believable(t)))
+        out.append(Series(s.name, points))
+    return out
+
+
+def _img(svg: Optional[str], alt: str, caption: str) -> str:
+    if svg is None:
+        return f'<figure><p class="muted">{_e(caption)}: no passed timings to plot.</p></figure>'
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return (f'<figure><img alt="{_e(alt)}" src="data:image/svg+xml;base64,{data}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def _plots(view: DefinitionView) -> str:
+    _, xlabel, xticks = _x_axis(view)
+    latency = line_plot(_series(view, lambda t: t.evaluation.performance.latency_ms * 1e3), xlabel=xlabel,
+                        ylabel="latency (µs)", title=f"{view.name}: latency", xticks=xticks)
+    perfs = [t.evaluation.performance for t in view.cells.values() if passed(t)]
+    if any(p.percent_of_peak is not None for p in perfs):
+        metric, label = (lambda t: t.evaluation.performance.percent_of_peak), "% of peak bandwidth"
+    elif any(p.achieved_gbps is not None for p in perfs):
+        metric, label = (lambda t: t.evaluation.performance.achieved_gbps), "achieved GB/s"
+    else:
+        metric, label = None, "bandwidth"
+    bandwidth = (line_plot(_series(view, metric), xlabel=xlabel, ylabel=label, title=f"{view.name}: {label}",
+                           xticks=xticks) if metric else None)
+    return ('<div class="plots">'
+            + _img(latency, f"latency of each solution of {view.name} per workload",
+                   "Latency per workload (lower is better)")
+            + _img(bandwidth, f"{label} of each solution of {view.name} per workload",
+                   f"{label.capitalize()} per workload")
+            + "</div>")
+
+
+# --- status matrix -------------------------------------------------------------------------
+
+
+def _passed_cell(trace: Trace, winner: bool) -> str:
+    perf = trace.evaluation.performance
+    extra = [f"speedup vs reference {fmt.times(speedup_vs_reference(trace))}"]
+    if perf.baseline_solution:
+        extra.append(f"vs {perf.baseline_solution} {fmt.times(speedup_vs_baseline(trace))}")
+    if perf.percent_of_peak is not None:
+        extra.append(f"{fmt.pct(perf.percent_of_peak)} of peak")
+    classes, flag = "st st-passed", ""
+    if perf.suspect is not None:
+        classes += " suspect"
+        flag = '<br><span class="flag">⚠ suspect</span>'
+        extra.insert(0, f"suspect timing: {perf.suspect}")
+    mark = ' <span class="best-mark" title="fastest on this workload">★</span>' if winner else ""
+    return (f'<td class="{classes}" title="{_e(chr(10).join(extra))}"><span class="status">PASSED</span>{mark}<br>'
+            f'<span class="num">{_e(fmt.us(perf.latency_ms))} µs</span>{flag}</td>')
+
+
+def _failed_cell(trace: Trace) -> str:
+    ev = trace.evaluation
+    status = ev.status.value
+    detail = ev.log[:_LOG_TITLE_CHARS]
+    if ev.correctness is not None:
+        detail = (f"max relative error {ev.correctness.max_relative_error:.3g}, max absolute error "
+                  f"{ev.correctness.max_absolute_error:.3g}\n{detail}")
+    line = first_line(ev.log)
+    log = f'<div class="log">{_e(line)}</div>' if line else ""
+    return (f'<td class="st st-{_e(status.lower())}" title="{_e(detail.strip())}">'
+            f'<span class="status">{_e(status)}</span>{log}</td>')
+
+
+def _status_matrix(view: DefinitionView, winners: dict[str, str]) -> str:
+    header = "".join(f"<th>{_e(w.label)}</th>" for w in view.workloads)
+    rows = []
+    for s in view.solutions:
+        cells = []
+        for w in view.workloads:
+            t = view.trace(s.name, w.uuid)
+            if t is None:
+                cells.append('<td class="st st-none"><span class="status">not run</span></td>')
+            elif t.evaluation.status == EvaluationStatus.PASSED:
+                cells.append(_passed_cell(t, winners.get(w.uuid) == s.name))
+            else:
+                cells.append(_failed_cell(t))
+        rows.append(f'<tr><th class="name">{_e(s.name)}</th>{"".join(cells)}</tr>')
+    key = ('<p class="key"><span class="st-passed">passed</span><span class="suspect">⚠ suspect timing</span>'
+           '<span class="st-incorrect_numerical">incorrect</span><span class="st-runtime_error">runtime error</span>'
+           '<span class="st-compile_error">compile error</span><span class="st-timeout">timeout</span>'
+           '<span class="best-mark">★ fastest</span></p>')
+    return (f'<h3>Status</h3>{key}<div class="scroll"><table class="status-matrix"><thead><tr>'
+            f"<th>solution \\ workload</th>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+
+
+# --- best ----------------------------------------------------------------------------------
+
+
+def _best_table(rows: list[BestRow]) -> str:
+    head = ("workload", "fastest", "latency (µs)", "GB/s", "% of peak", "vs baseline", "vs reference", "runner-up",
+            "margin", "note")
+    body = []
+    overall = ""
+    for r in rows:
+        if r.overall:
+            overall = _overall(r)
+            continue
+        note = r.note
+        if r.suspect:
+            note = "; ".join(filter(None, [note, "suspect timing left out: " + ", ".join(r.suspect)]))
+        note_cell = f'<td><span class="flag">⚠</span> {_e(note)}</td>' if r.suspect else f"<td>{_e(note)}</td>"
+        body.append(
+            f"<tr><td>{_e(r.workload)}</td><td><b>{_e(r.solution or fmt.NONE)}</b></td>"
+            f'<td class="n">{_e(fmt.us(r.latency_ms))}</td><td class="n">{_e(fmt.gbps(r.gbps))}</td>'
+            f'<td class="n">{_e(fmt.pct(r.percent_of_peak))}</td>'
+            f'<td class="n" title="{_e(r.baseline or "")}">{_e(fmt.times(r.speedup_vs_baseline))}</td>'
+            f'<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td><td>{_e(r.runner_up or fmt.NONE)}</td>'
+            f'<td class="n">{_e(fmt.margin(r.margin_pct))}</td>{note_cell}</tr>')
+    header = "".join(f"<th>{_e(h)}</th>" for h in head)
+    return (f"<h3>Best solution per workload</h3>{overall}"
+            f'<div class="scroll"><table class="best"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody>'
+            "</table></div>")
+
+
+def _overall(r: BestRow) -> str:
+    if r.solution is None:
+        return f'<p class="overall">Best overall: {fmt.NONE} ({_e(r.note)})</p>'
+    text = (f"Best overall: <b>{_e(r.solution)}</b>, latency {_e(fmt.times(r.latency_ratio))} the fastest per "
+            f"workload (geometric mean over {fmt.count(r.workloads_compared, 'workload')}, among "
+            f"{fmt.count(r.candidates, 'solution')} that passed every workload)")
+    if r.speedup_vs_baseline is not None:
+        text += f"; {_e(fmt.times(r.speedup_vs_baseline))} vs {_e(r.baseline or 'baseline')}"
+    if r.runner_up:
+        text += f"; runner-up {_e(r.runner_up)} {_e(fmt.margin(r.margin_pct))}"
+    if r.note:
+        text += f'. <span class="flag">⚠</span> {_e(r.note)}'
+    return f'<p class="overall">{text}</p>'
+
+
+# --- page ----------------------------------------------------------------------------------
+
+
+def _definition_section(view: DefinitionView, anchor: str) -> str:
+    d = view.definition
+    consts = ", ".join(f"{k}={v}" for k, v in d.const_axes.items())
+    rows = best_of(view)
+    winners = {r.uuid: r.solution for r in rows if not r.overall and r.solution}
+    about = f"op type {d.op_type}" + (f"; constant axes {consts}" if consts else "")
+    return (f'<section class="definition" id="{_e(anchor)}"><h2>{_e(d.name)}</h2><p class="muted">{_e(about)}</p>'
+            f"{_plots(view)}{_status_matrix(view, winners)}{_best_table(rows)}</section>")
+
+
+def render_html(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
+                solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None,
+                title: str = "opforge benchmark report") -> str:
+    """The report as HTML text (see write_html)."""
+    require_matplotlib()  # fail before any work, and the same way with or without traces
+    views = collect(trace_set, definitions, solutions, hardware)
+    anchors = {v.name: _anchor(i, v.name) for i, v in enumerate(views)}
+    summary = [row for v in views for row in summary_rows(v)]
+    sections = "".join(_definition_section(v, anchors[v.name]) for v in views)
+    if not views:
+        sections = '<p class="muted">No evaluated traces match.</p>'
+    return ("<!DOCTYPE html>\n"
+            f'<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_e(title)}</title><style>{CSS}</style></head>"
+            f"<body><main>{_header(trace_set, views, title)}{_summary_table(summary, anchors)}{sections}"
+            f'<footer><p class="muted">Latest trace per definition, workload and solution. Generated by opforge.'
+            f"</p></footer></main></body></html>\n")
+
+
+def write_html(trace_set: TraceSet, path: Union[str, Path] = "report.html", definitions: Optional[Iterable[str]] = None,
+               solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None,
+               title: str = "opforge benchmark report") -> Path:
+    """Write the report to ``path`` as one self-contained HTML file: a header (hardware,
+    libraries, time range of the runs), the summary table, and per definition the latency and
+    bandwidth plots, a status matrix (solutions x workloads) and the best solution per workload.
+    Filters as in ``summarize``. Needs matplotlib (``pip install 'opforge[report]'``)."""
+    text = render_html(trace_set, definitions, solutions, hardware, title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,167 @@
+"""Which traces a report counts, and how workloads are named and ordered.
+
+A dataset keeps every run, so a (definition, workload, solution) can have several traces; the
+report counts only the latest (by timestamp; on equal timestamps the one added last). Workloads
+are labelled and ordered by their variable axes ("batch_size=64").
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Iterable, Optional
+
+from ..trace import Definition, Solution, Trace, TraceSet
+
+#: Axis value used to order workloads that lack a variable axis (older or hand-written files).
+_MISSING_AXIS = -1
+
+
+def parse_timestamp(text: Optional[str]) -> Optional[datetime]:
+    """An ISO 8601 timestamp as an aware datetime (naive ones taken as UTC); None when unparsable."""
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _timestamp_key(trace: Trace) -> tuple:
+    # Unparsable timestamps sort before every real one, so a trace with a readable time wins.
+    parsed = parse_timestamp(trace.evaluation.timestamp)
+    return (0, datetime.min.replace(tzinfo=timezone.utc)) if parsed is None else (1, parsed)
+
+
+def _hardware_matches(trace: Trace, hardware: Optional[str]) -> bool:
+    return hardware is None or hardware.lower() in trace.evaluation.environment.hardware.lower()
+
+
+def latest_traces(trace_set: TraceSet, *, hardware: Optional[str] = None) -> list[Trace]:
+    """The latest evaluated trace per (definition, workload uuid, solution), in the order each
+    key first appears in ``trace_set.traces``. ``hardware`` keeps only traces whose
+    environment.hardware contains it (case-insensitive), before picking the latest."""
+    latest: dict[tuple, Trace] = {}
+    for definition, traces in trace_set.traces.items():
+        for trace in traces:
+            if trace.evaluation is None or not _hardware_matches(trace, hardware):
+                continue
+            key = (definition, trace.workload.uuid, trace.solution)
+            kept = latest.get(key)
+            # ">=" lets a later trace with the same timestamp replace an earlier one.
+            if kept is None or _timestamp_key(trace) >= _timestamp_key(kept):
+                latest[key] = trace
+    return list(latest.values())
+
+
+def workload_key(definition: Definition, axes: dict) -> tuple:
+    """Sort key of a workload: its variable axis values in the Definition's axis order."""
+    return tuple(axes.get(name, _MISSING_AXIS) for name in definition.var_axes)
+
+
+def workload_label(definition: Definition, axes: dict) -> str:
+    """``batch_size=64`` (several variable axes joined by ","); ``-`` without variable axes."""
+    return ",".join(f"{name}={axes[name]}" for name in definition.var_axes if name in axes) or "-"
+
+
+def _pick(patterns: Optional[Iterable[str]], names: list[str], what: str) -> Optional[set[str]]:
+    """The names matching any pattern (exact or fnmatch glob); ValueError for a pattern that
+    matches nothing, so a typo is not silently an empty report."""
+    if patterns is None:
+        return None
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = [n for n in names if n == pattern or fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            close = difflib.get_close_matches(pattern, names, n=3)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            raise ValueError(f"no {what} matches {pattern!r}{hint}")
+        chosen.update(hits)
+    return chosen
+
+
+@dataclass
+class WorkloadInfo:
+    uuid: str
+    label: str
+    axes: dict
+
+
+@dataclass
+class DefinitionView:
+    """The counted traces of one Definition, arranged as solutions x workloads."""
+
+    definition: Definition
+    workloads: list[WorkloadInfo]
+    solutions: list[Solution]
+    cells: dict[tuple[str, str], Trace] = field(default_factory=dict)  # (solution, uuid) -> trace
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    def trace(self, solution: str, uuid: str) -> Optional[Trace]:
+        return self.cells.get((solution, uuid))
+
+    def traces_of(self, solution: str) -> list[Trace]:
+        """The solution's counted traces in workload order."""
+        return [t for w in self.workloads if (t := self.cells.get((solution, w.uuid))) is not None]
+
+
+def _solution_order(definition: str, solutions: list[Solution]) -> list[Solution]:
+    # The reference and the builtin (the usual baseline) first: every other row is read against them.
+    first = {f"{definition}_reference": 0, f"{definition}_builtin": 1}
+    return sorted(solutions, key=lambda s: first.get(s.name, 2))
+
+
+def _unique_labels(definition: Definition, workloads: list[WorkloadInfo]) -> None:
+    # Two workloads with the same axes (different inputs or seeds) need telling apart.
+    seen: dict[str, int] = {}
+    for w in workloads:
+        seen[w.label] = seen.get(w.label, 0) + 1
+    for w in workloads:
+        if seen[w.label] > 1:
+            w.label = f"{w.label} ({w.uuid[:8]})"
+
+
+def collect(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
+            solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None) -> list[DefinitionView]:
+    """The latest traces, filtered and arranged per Definition. Definitions without any
+    counted trace are left out; solutions of a kept Definition are kept even untraced.
+    ``definitions`` and ``solutions`` are names or glob patterns (ValueError when one matches
+    nothing); ``hardware`` is a case-insensitive substring of the trace's hardware name."""
+    definitions = [definitions] if isinstance(definitions, str) else definitions
+    solutions = [solutions] if isinstance(solutions, str) else solutions
+    wanted_defs = _pick(definitions, list(trace_set.definitions), "definition")
+    all_solutions = [s.name for group in trace_set.solutions.values() for s in group]
+    wanted_sols = _pick(solutions, all_solutions, "solution")
+
+    by_definition: dict[str, list[Trace]] = {}
+    for trace in latest_traces(trace_set, hardware=hardware):
+        if wanted_defs is not None and trace.definition not in wanted_defs:
+            continue
+        if wanted_sols is not None and trace.solution not in wanted_sols:
+            continue
+        by_definition.setdefault(trace.definition, []).append(trace)
+
+    views = []
+    for name, definition in trace_set.definitions.items():
+        traces = by_definition.get(name)
+        if not traces:
+            continue
+        workloads: dict[str, WorkloadInfo] = {}
+        for t in traces:
+            if t.workload.uuid not in workloads:
+                label = workload_label(definition, t.workload.axes)
+                workloads[t.workload.uuid] = WorkloadInfo(t.workload.uuid, label, dict(t.workload.axes))
+        ordered = sorted(workloads.values(), key=lambda w: (workload_key(definition, w.axes), w.uuid))
+        _unique_labels(definition, ordered)
+        sols = [s for s in trace_set.solutions.get(name, []) if wanted_sols is None or s.name in wanted_sols]
+        view = DefinitionView(definition, ordered, _solution_order(name, sols))
+        for t in traces:
+            view.cells[(t.solution, t.workload.uuid)] = t
+        views.append(view)
+    return views
