@@ -96,7 +96,9 @@ class BenchmarkConfig(BaseModel):
             try:
                 Settings.model_validate({**self.defaults.model_dump(), **layer})
             except ValidationError as exc:
-                raise ValueError(f"[{where}]: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}") from None
+                first = exc.errors()[0]
+                field = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"[{where}] {field + ': ' if field else ''}{first['msg']}") from None
         return self
 
     def settings_for(self, definition) -> Settings:

@@ -40,8 +40,9 @@ def _signal_name(code: int) -> str:
 class WorkerProcess:
     """One worker on one device. Started on first use and again after it dies or is stopped."""
 
-    def __init__(self, device: str, modules: list[str], log_dir: Path):
+    def __init__(self, device: str, modules: list[str], log_dir: Path, spill: Optional[Path] = None):
         self.device = device
+        self.spill = spill  # where large tensors of requests and replies go (see _wire)
         self.modules = list(modules)
         self.log_dir = Path(log_dir)
         self.starts = 0
@@ -71,7 +72,7 @@ class WorkerProcess:
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device,
-                 json.dumps(self.modules)],
+                 json.dumps(self.modules), str(self.spill or "")],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                 env=env, start_new_session=True)
         theirs.close()
@@ -119,7 +120,7 @@ class WorkerProcess:
         offset = self._log_path.stat().st_size if self._log_path.exists() else 0
         limit = timeout + (START_TIMEOUT_S if first else 0.0)
         try:
-            self._conn.send_bytes(_wire.dumps(message))
+            self._conn.send_bytes(_wire.dumps(message, self.spill))
             ready = self._conn.poll(limit)
             reply = _wire.loads(self._conn.recv_bytes()) if ready else None
         except (EOFError, OSError):

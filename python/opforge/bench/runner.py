@@ -26,7 +26,10 @@ Definition's builtin one).
 from __future__ import annotations
 
 import itertools
+import os
 import queue
+import shutil
+import tempfile
 import random
 import threading
 import zlib
@@ -85,9 +88,9 @@ def _failure_log(exc: WorkerFailure, what: str) -> str:
 class _Device:
     """One device: its worker, calibration, environment, and the solutions built in the worker."""
 
-    def __init__(self, device: str, config: BenchmarkConfig, log_dir: Path):
+    def __init__(self, device: str, config: BenchmarkConfig, log_dir: Path, spill: Optional[Path]):
         self.device = device
-        self.worker = WorkerProcess(device, config.modules, log_dir)
+        self.worker = WorkerProcess(device, config.modules, log_dir, spill)
         self.environment: Optional[Environment] = None
         self.calibration: Optional[dict] = None
         self._built: dict[str, tuple[int, dict]] = {}  # solution name -> (worker start, reply)
@@ -221,8 +224,10 @@ class Benchmark:
             pending.put(job)
         errors = []
 
+        spill = Path(tempfile.mkdtemp(prefix="opforge-run-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+
         def drive(device: str) -> None:
-            dev = _Device(device, self.config, self.log_dir)
+            dev = _Device(device, self.config, self.log_dir, spill)
             try:
                 while True:
                     try:
@@ -240,6 +245,7 @@ class Benchmark:
             t.start()
         for t in threads:
             t.join()
+        shutil.rmtree(spill, ignore_errors=True)
         if self.persist and self.result.traces:
             self._save()
         if errors:

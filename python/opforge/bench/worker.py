@@ -1,7 +1,7 @@
 """The worker process: the only place solution code is imported and run.
 
-Started by the runner as ``python -m opforge.bench.worker FD DEVICE MODULES_JSON`` with one end of
-a socket pair on FD and its stdout/stderr going to a log file. It answers one request at a time
+Started by the runner as ``python -m opforge.bench.worker FD DEVICE MODULES_JSON [SPILL_DIR]`` with
+one end of a socket pair on FD and its stdout/stderr going to a log file. It answers one request at a time
 (dicts, see ``Worker.handle``); requests carry inputs, never reference outputs, and replies carry
 what each call did (``CallRecord``) for the runner to judge. A segfault or an illegal memory
 access kills only this process: the runner sees the socket close, reads the log and starts
@@ -210,7 +210,7 @@ class Worker:
             return False
 
 
-def serve(conn: Connection, worker: Worker) -> None:
+def serve(conn: Connection, worker: Worker, spill=None) -> None:
     while True:
         try:
             request = _wire.loads(conn.recv_bytes())
@@ -222,7 +222,7 @@ def serve(conn: Connection, worker: Worker) -> None:
             reply = worker.handle(request)
         except Exception as exc:  # a request the worker itself could not serve
             reply = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}", "healthy": False}
-        conn.send_bytes(_wire.dumps(reply))
+        conn.send_bytes(_wire.dumps(reply, spill))
         sys.stdout.flush()
         sys.stderr.flush()
         if reply.get("healthy") is False:
@@ -232,10 +232,11 @@ def serve(conn: Connection, worker: Worker) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     fd, device, modules = int(argv[0]), argv[1], json.loads(argv[2])
+    spill = argv[3] if len(argv) > 3 and argv[3] else None
     faulthandler.enable(all_threads=True)  # a segfault leaves its Python stack in the log
     conn = Connection(fd)
     with torch.no_grad():
-        serve(conn, Worker(device, modules))
+        serve(conn, Worker(device, modules), spill)
     return 0
 
 

@@ -1,0 +1,65 @@
+"""`opforge run` from the command line: the built-in dataset by default (written to a copy), a
+dataset of one's own, settings from a file with options on top, resume, and the report of it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_runner import DEF, make_dataset  # noqa: E402
+
+from opforge.cli import main  # noqa: E402
+from opforge.trace import TraceSet  # noqa: E402
+
+QUICK = ["--devices", "cpu", "--iterations", "3", "--warmup", "1", "--seed", "7"]
+
+
+def test_the_builtin_dataset_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--definitions", "scale_h2048", "--max-elements", "200000", *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "scale_h2048_builtin" in out and "PASSED" in out and "SKIPPED" in out
+    assert "3 passed, 0 failed, 2 skipped" in out and "seed 7" in out
+    ts = TraceSet.load(tmp_path / "opforge-runs" / "builtin")
+    traces = ts.get_traces("scale_h2048")
+    assert len(traces) == 3 and all(t.is_successful() for t in traces)
+    assert all(t.evaluation.performance.baseline_solution == "scale_h2048_builtin" for t in traces)
+    # Again with --resume: nothing left to do; the report reads what the run wrote.
+    assert main(["run", "--definitions", "scale_h2048", "--max-elements", "200000", "--resume", *QUICK]) == 0
+    assert "0 passed, 0 failed, 2 skipped" in capsys.readouterr().out
+    assert len(TraceSet.load(tmp_path / "opforge-runs" / "builtin").get_traces("scale_h2048")) == 3
+    assert main(["report", "summary", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["solution"], r["passed"]) for r in rows] == [("scale_h2048_builtin", 3)]
+
+
+def test_a_dataset_with_failures_exits_1_and_settings_come_from_the_file(tmp_path, capsys):
+    make_dataset(tmp_path / "ds", names={"honest", "wrong_values"})
+    config = tmp_path / "bench.toml"
+    config.write_text(f'baseline = "{DEF}_honest"\n[definition.{DEF}]\niterations = 4\n')
+    code = main(["run", "--dataset", str(tmp_path / "ds"), "--config", str(config), "--devices", "cpu",
+                 "--seed", "3", "--output", str(tmp_path / "copy")])
+    out = capsys.readouterr().out
+    assert code == 1 and "INCORRECT_NUMERICAL" in out and "2 passed, 2 failed" in out
+    assert not (tmp_path / "ds" / "traces").exists()  # --output: the dataset was copied, not changed
+    traces = TraceSet.load(tmp_path / "copy").get_traces(DEF)
+    assert {t.evaluation.performance.timing["iterations"] for t in traces if t.is_successful()} == {4}
+    # Options beat the file.
+    assert main(["run", "--dataset", str(tmp_path / "ds"), "--config", str(config), "--iterations", "2",
+                 "--devices", "cpu", "--solutions", f"{DEF}_honest"]) == 0
+    traces = TraceSet.load(tmp_path / "ds").get_traces(DEF)
+    assert {t.evaluation.performance.timing["iterations"] for t in traces} == {2}
+
+
+def test_bad_input_is_a_clear_message(tmp_path, capsys):
+    make_dataset(tmp_path / "ds", names={"honest"})
+    with pytest.raises(SystemExit, match="no definition named nope"):
+        main(["run", "--dataset", str(tmp_path / "ds"), "--definitions", "nope", "--devices", "cpu"])
+    (tmp_path / "bad.toml").write_text("[defaults]\niterations = 0\n")
+    with pytest.raises(SystemExit, match="iterations"):
+        main(["run", "--dataset", str(tmp_path / "ds"), "--config", str(tmp_path / "bad.toml")])
