@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# Builds record OPFORGE_COMMIT when it is set: set it to the commit under test (the copy of the
+# tree on a GPU machine may carry stale git metadata).
 PY=${PYTHON:-python3}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
