@@ -139,7 +139,8 @@ class Benchmark:
         self.on_result = on_result
         self.on_start = on_start
         self.seed = self.config.seed if self.config.seed is not None else random.SystemRandom().randrange(2**31)
-        root = trace_set.root if trace_set.root is not None else Path.cwd()
+        # Worker logs: beside the dataset, or in the temp folder for a TraceSet made in memory.
+        root = trace_set.root if trace_set.root is not None else Path(tempfile.gettempdir()) / "opforge"
         self.log_dir = Path(self.config.log_dir) if self.config.log_dir else root / "logs"
         self._lock = threading.Lock()
         self.result = RunResult()
