@@ -220,3 +220,34 @@ def test_single_file_datasets_are_saved_at_the_end(tmp_path):
     data = json.loads((tmp_path / "set.json").read_text())
     assert len(data["traces"][DEF]) == 2
     assert not (tmp_path / "traces").exists()
+
+
+def test_recorded_inputs_from_safetensors(tmp_path):
+    """A workload captured with its tensors: the runner loads them (shape-checked) instead of
+    drawing random ones, and a solution is judged on exactly those values."""
+    from opforge.trace.blob import save_safetensors_blob, workload_blob_relpath
+
+    root = tmp_path / "ds"
+    ts = make_dataset(root, names={"honest", "cached"})
+    x = torch.full((5, 8), 2.0)
+    x[0, 0] = 1e30  # a value no random draw gives: the result shows the blob was used
+    path = save_safetensors_blob(root, workload_blob_relpath("mul", DEF, "rec"), {"x": x})
+    ts.add_workload(DEF, Workload(uuid="rec", axes={"batch": 5}, inputs={
+        "x": {"type": "safetensors", "path": path, "tensor_key": "x"}, "w": {"type": "random"}}), persist=True)
+    probe = "def run(x, w):\n    assert x.shape[0] != 5 or float(x[0, 0]) > 1e29, 'not the blob'\n    return x * w\n"
+    ts.add_solution(solution(f"{DEF}_probe", probe))
+    ts.save()
+    ts = TraceSet.load(root)
+    traces = Benchmark(ts, config(definitions=[DEF])).run_all()
+    rec = {t.solution: t for t in traces if t.workload.uuid == "rec"}
+    for name in ("honest", "probe"):
+        assert rec[f"{DEF}_{name}"].is_successful(), rec[f"{DEF}_{name}"].evaluation.log
+    # w stays random per input set, so a cached result still fails on the recorded workload.
+    assert rec[f"{DEF}_cached"].evaluation.status.value == "INCORRECT_NUMERICAL"
+    # A blob whose shape does not fit the workload is refused before anything runs.
+    bad = save_safetensors_blob(root, "blob/bad.safetensors", {"x": torch.ones(3, 8)})
+    ts.add_workload(DEF, Workload(uuid="bad", axes={"batch": 5}, inputs={
+        "x": {"type": "safetensors", "path": bad, "tensor_key": "x"}, "w": {"type": "random"}}))
+    bench = Benchmark(ts, config(solutions=[f"{DEF}_honest"], resume=True), persist=False)
+    assert bench.run_all() == []
+    assert len(bench.result.skipped) == 1 and "shape" in bench.result.skipped[0].reason
