@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..trace import Trace
-from .runner import Skipped, workload_label
+from .runner import Skipped
 
 COLUMNS = ("definition", "solution", "workload", "status", "latency", "GB/s", "% peak", "vs ref", "vs baseline",
            "note")
@@ -25,7 +25,8 @@ def row(item) -> list[str]:
     ev = item.evaluation
     status = ev.status.value
     style = _STYLE.get(status, "red")
-    cells = [item.definition, item.solution, workload_label(None, item.workload), f"[{style}]{status}[/]"]
+    label = ",".join(f"{k}={v}" for k, v in item.workload.axes.items()) or "-"
+    cells = [item.definition, item.solution, label, f"[{style}]{status}[/]"]
     p = ev.performance
     if p is None:
         first = next((line for line in ev.log.splitlines() if line.strip()), "")

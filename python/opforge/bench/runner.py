@@ -65,10 +65,6 @@ class RunResult:
     skipped: list = field(default_factory=list)
 
 
-def workload_label(definition, workload) -> str:
-    return ",".join(f"{k}={v}" for k, v in workload.axes.items()) or workload.uuid
-
-
 class _Failed(Exception):
     """An evaluation ended before timing: its status and log."""
 
@@ -279,7 +275,7 @@ class Benchmark:
         baseline = self.config.baseline_for(definition)
         for wtrace, solutions in rows:
             workload = wtrace.workload
-            label = workload_label(definition, workload)
+            label = definition.workload_label(workload.axes)
             shapes = definition.resolve_shapes(workload.axes)
             largest = max((torch.Size(s).numel() for s in shapes.values() if s), default=0)
             if max_elements is not None and largest > max_elements:
@@ -328,7 +324,7 @@ class Benchmark:
     # --- one evaluation -----------------------------------------------------------------------
 
     def _evaluate(self, dev: _Device, definition, solution, case: "_Case", settings: Settings):
-        label = workload_label(definition, case.workload)
+        label = definition.workload_label(case.workload.axes)
         try:
             reply = dev.build(solution, definition, settings.build_timeout_s)
         except WorkerFailure as exc:

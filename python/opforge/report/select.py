@@ -64,7 +64,7 @@ def workload_key(definition: Definition, axes: dict) -> tuple:
 
 def workload_label(definition: Definition, axes: dict) -> str:
     """``batch_size=64`` (several variable axes joined by ","); ``-`` without variable axes."""
-    return ",".join(f"{name}={axes[name]}" for name in definition.var_axes if name in axes) or "-"
+    return definition.workload_label(axes)
 
 
 def _pick(patterns: Optional[Iterable[str]], names: list[str], what: str) -> Optional[set[str]]:

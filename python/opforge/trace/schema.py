@@ -199,6 +199,11 @@ class Definition(TraceModel):
         """Names of the variable axes."""
         return [n for n, a in self.axes.items() if isinstance(a, AxisVar)]
 
+    def workload_label(self, axis_values: Mapping[str, int]) -> str:
+        """``batch_size=64``: the variable axes of a workload, in the Definition's order
+        (``-`` when it has none)."""
+        return ",".join(f"{a}={axis_values[a]}" for a in self.var_axes if a in axis_values) or "-"
+
     def full_axis_values(self, axis_values: Mapping[str, int]) -> dict[str, int]:
         """Every axis's value: the constants plus ``axis_values`` (which must give every variable
         axis; a constant axis it repeats must match)."""
