@@ -251,3 +251,34 @@ def test_recorded_inputs_from_safetensors(tmp_path):
     bench = Benchmark(ts, config(solutions=[f"{DEF}_honest"], resume=True), persist=False)
     assert bench.run_all() == []
     assert len(bench.result.skipped) == 1 and "shape" in bench.result.skipped[0].reason
+
+
+def test_stop_finishes_what_is_in_flight_and_records_nothing_after(tmp_path):
+    ts = make_dataset(tmp_path / "ds", names={"honest", "constant", "honest_dps"})
+    seen = []
+
+    def first_then_stop(item):
+        seen.append(item)
+        bench.stop()
+
+    bench = Benchmark(ts, config(), on_result=first_then_stop)
+    traces = bench.run_all()
+    assert len(traces) == 1 and seen == traces
+    assert len(TraceSet.load(tmp_path / "ds").get_traces(DEF)) == 1
+    # What was not run is still to do: resume picks it up.
+    rest = Benchmark(TraceSet.load(tmp_path / "ds"), config(resume=True)).run_all()
+    assert len(rest) == 5
+
+
+def test_stop_with_kill_abandons_a_hanging_call(tmp_path):
+    import threading
+
+    ts = make_dataset(tmp_path / "ds", names={"hangs"})
+    bench = Benchmark(ts, config(defaults=FAST.model_copy(update={"timeout_s": 300})))
+    timer = threading.Timer(8.0, bench.stop, kwargs={"kill": True})
+    timer.start()
+    import time
+
+    start = time.monotonic()
+    assert bench.run_all() == []  # the killed call is not blamed on the solution
+    assert time.monotonic() - start < 60

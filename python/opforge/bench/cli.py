@@ -112,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
             bench.run_all()
         except ValueError as exc:
             raise SystemExit(f"opforge run: {exc}") from None
+        except KeyboardInterrupt:
+            progress.stop()
+            console.print(f"interrupted: {len(bench.result.traces)} traces recorded in {where}; "
+                          "`opforge run --resume` with the same options goes on from there")
+            return 130
     items = bench.result.traces + bench.result.skipped
     for table in display.results_tables(items):
         console.print(table)

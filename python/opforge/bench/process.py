@@ -94,6 +94,15 @@ class WorkerProcess:
                 self._kill()
             self._proc = None
 
+    def kill(self) -> None:
+        """Kill the worker now (from any thread); a request waiting on it fails."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                proc.kill()
+
     def _kill(self) -> None:
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)  # the worker and anything it started

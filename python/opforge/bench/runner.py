@@ -139,6 +139,8 @@ class Benchmark:
         root = trace_set.root if trace_set.root is not None else Path(tempfile.gettempdir()) / "opforge"
         self.log_dir = Path(self.config.log_dir) if self.config.log_dir else root / "logs"
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._devices: list[_Device] = []
         self.result = RunResult()
 
     # --- what to run ------------------------------------------------------------------------
@@ -222,32 +224,55 @@ class Benchmark:
         errors = []
 
         spill = Path(tempfile.mkdtemp(prefix="opforge-run-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        self._stopping.clear()
 
         def drive(device: str) -> None:
             dev = _Device(device, self.config, self.log_dir, spill)
+            with self._lock:
+                self._devices.append(dev)
             try:
-                while True:
+                while not self._stopping.is_set():
                     try:
                         definition, rows = pending.get_nowait()
                     except queue.Empty:
                         return
                     self._run_definition(dev, definition, rows)
             except BaseException as exc:  # noqa: BLE001 - reported after the other devices finish
-                errors.append(exc)
+                if not self._stopping.is_set():
+                    errors.append(exc)
             finally:
                 dev.forget()
 
         threads = [threading.Thread(target=drive, args=(d,), name=f"opforge-bench-{d}") for d in self.devices()]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)  # a bare join would keep Ctrl-C from reaching this thread
+        except KeyboardInterrupt:
+            self.stop(kill=True)
+            for t in threads:
+                t.join()
+            raise
+        finally:
+            self._devices.clear()
         shutil.rmtree(spill, ignore_errors=True)
         if self.persist and self.result.traces:
             self._save()
         if errors:
             raise errors[0]
         return list(self.result.traces)
+
+    def stop(self, kill: bool = False) -> None:
+        """Finish after the evaluations in flight (``kill``: abandon them, killing the
+        workers); results after this are not recorded. Safe from any thread or callback."""
+        self._stopping.set()
+        if kill:
+            with self._lock:
+                devices = list(self._devices)
+            for dev in devices:
+                dev.worker.kill()
 
     def _save(self) -> None:
         ts = self.trace_set
@@ -256,6 +281,8 @@ class Benchmark:
 
     def _emit(self, item) -> None:
         with self._lock:
+            if self._stopping.is_set() and isinstance(item, Trace) and not item.is_successful():
+                return  # most likely the stop's own doing (a killed worker), not the solution's
             if isinstance(item, Trace):
                 folder = self.trace_set.single_file is None and self.trace_set.root is not None
                 self.trace_set.add_trace(item, persist=self.persist and folder)
@@ -274,6 +301,8 @@ class Benchmark:
             max_elements = CPU_MAX_ELEMENTS
         baseline = self.config.baseline_for(definition)
         for wtrace, solutions in rows:
+            if self._stopping.is_set():
+                return
             workload = wtrace.workload
             label = definition.workload_label(workload.axes)
             shapes = definition.resolve_shapes(workload.axes)
@@ -293,6 +322,8 @@ class Benchmark:
             case.baseline = baseline
             case.baseline_ms = self._baseline_latency(definition, workload, baseline, dev)
             for solution in solutions:
+                if self._stopping.is_set():
+                    return
                 self._emit(self._evaluate(dev, definition, solution, case, settings))
                 if self.config.isolate:
                     dev.forget()
