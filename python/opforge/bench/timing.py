@@ -17,7 +17,9 @@ CUDA (``time_cuda``), per timed call:
    constant (method ``cuda_events+device_synchronize``). Short work on another stream can
    finish while the spin kernel still runs, so a second, shorter loop without the spin (the
    work then starts after the start event) looks for it too, with a higher bar (> 10 us and
-   > the latency: without the spin, tails vary more); when it is found there the
+   > the latency: without the spin, tails vary more). A finding counts only when a second,
+   independent loop repeats it (a host hiccup does not come back; hidden work does). When it
+   is found only without the spin, the
    latency is that loop's end-to-end time, launch overhead included
    (``..., no lead``): a solution that hides work gets the least flattering number.
 
@@ -202,13 +204,21 @@ def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, m
     # then starts after the start event) when it is short.
     span_b, tail_b, empty_tail_b, excess_b = loop(min(iterations, 20), False, max_time_s / 4)
     result["sync_excess_ms"] = max(excess, excess_b, 0.0)
-
-    if excess > max(0.005, 0.5 * result["median_ms"]):
-        result.update(_stats([s + t - empty_tail for s, t in zip(span, tail)]))
-        result["method"] = "cuda_events+device_synchronize"
-    elif excess_b > max(0.01, result["median_ms"]):  # this loop's tails vary more: a higher bar
-        result.update(_stats([s + t - empty_tail_b for s, t in zip(span_b, tail_b)]))
-        result["method"] = "cuda_events+device_synchronize, no lead"
+    lead_bar = max(0.005, 0.5 * result["median_ms"])
+    bare_bar = max(0.01, result["median_ms"])  # tails vary more without the spin: a higher bar
+    # A flag must hold in a second, independent loop too: host hiccups come and go, hidden work
+    # is there every time.
+    if excess > lead_bar:
+        span2, tail2, empty_tail2, excess2 = loop(iterations, True, max_time_s)
+        if excess2 > lead_bar:
+            result.update(_stats([s + t - empty_tail2 for s, t in zip(span2, tail2)]))
+            result["method"] = "cuda_events+device_synchronize"
+        result["sync_excess_ms"] = max(min(excess, excess2), excess_b, 0.0)
+    if result["method"] == "cuda_events" and excess_b > bare_bar:
+        span2, tail2, empty_tail2, excess2 = loop(min(iterations, 20), False, max_time_s / 4)
+        if excess2 > bare_bar:
+            result.update(_stats([s + t - empty_tail2 for s, t in zip(span2, tail2)]))
+            result["method"] = "cuda_events+device_synchronize, no lead"
     result["host_ms"] = host_ms if host_timing else None
     if cuda_graph:
         result["graph_ms"], why = _graph_ms(call, arg_sets[0])
