@@ -152,3 +152,14 @@ def test_without_matplotlib_the_error_says_what_to_install(trace_set, tmp_path, 
     with pytest.raises(ImportError, match=re.escape("pip install 'opforge[report]'")):
         write_html(trace_set, tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_latency_plot_has_the_reference_line(trace_set):  # noqa: F811 (a fixture)
+    from opforge.report.html import _reference_series
+    from opforge.report.select import collect
+
+    view = next(v for v in collect(trace_set) if v.name == DEF)
+    series = _reference_series(view)
+    assert series.name == REF
+    assert sorted((x, round(y, 6)) for x, y, _ in series.points) == [(1.0, 10.0), (16.0, 20.0), (256.0, 80.0),
+                                                                        (4096.0, 1000.0)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional, Union
@@ -123,6 +124,20 @@ def _series(view: DefinitionView, metric) -> list[Series]:
     return out
 
 
+def _reference_series(view: DefinitionView) -> Series:
+    """The reference's latency per workload, as the passed traces recorded it (median when runs
+    differ): the line every solution should be far below."""
+    xs, _, _ = _x_axis(view)
+    by_workload: dict[str, list[float]] = {}
+    for s in view.solutions:
+        for t in view.traces_of(s.name):
+            ref = t.evaluation.performance.reference_latency_ms if passed(t) else None
+            if finite(ref) and ref > 0:
+                by_workload.setdefault(t.workload.uuid, []).append(ref * 1e3)
+    points = [(xs[uuid], statistics.median(v), False) for uuid, v in by_workload.items()]
+    return Series(f"{view.name}_reference", points)
+
+
 def _img(svg: Optional[str], alt: str, caption: str) -> str:
     if svg is None:
         return f'<figure><p class="muted">{_e(caption)}: no passed timings to plot.</p></figure>'
@@ -133,8 +148,9 @@ def _img(svg: Optional[str], alt: str, caption: str) -> str:
 
 def _plots(view: DefinitionView) -> str:
     _, xlabel, xticks = _x_axis(view)
-    latency = line_plot(_series(view, lambda t: t.evaluation.performance.latency_ms * 1e3), xlabel=xlabel,
-                        ylabel="latency (µs)", title=f"{view.name}: latency", xticks=xticks)
+    solutions = _series(view, lambda t: t.evaluation.performance.latency_ms * 1e3)
+    latency = line_plot(solutions + [_reference_series(view)], xlabel=xlabel, ylabel="latency (µs)",
+                        title=f"{view.name}: latency", xticks=xticks)
     perfs = [t.evaluation.performance for t in view.cells.values() if passed(t)]
     if any(p.percent_of_peak is not None for p in perfs):
         metric, label = (lambda t: t.evaluation.performance.percent_of_peak), "% of peak bandwidth"
