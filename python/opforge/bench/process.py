@@ -95,7 +95,8 @@ class WorkerProcess:
             self._proc = None
 
     def kill(self) -> None:
-        """Kill the worker now (from any thread); a request waiting on it fails."""
+        """Kill the worker and anything it started, now (from any thread); a request waiting on
+        it fails."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
@@ -104,10 +105,7 @@ class WorkerProcess:
                 proc.kill()
 
     def _kill(self) -> None:
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)  # the worker and anything it started
-        except (ProcessLookupError, PermissionError):
-            self._proc.kill()
+        self.kill()
         self._proc.wait()
 
     def _log_since(self, offset: int) -> str:

@@ -275,17 +275,22 @@ class Benchmark:
                 dev.worker.kill()
 
     def _save(self) -> None:
+        if self.trace_set.single_file is not None or self._appends:
+            self.trace_set.save()
+
+    @property
+    def _appends(self) -> bool:
+        """Traces go to the dataset folder's files as they are made (a .json file is saved whole
+        at the end; a TraceSet made in memory has nowhere to go)."""
         ts = self.trace_set
-        if ts.single_file is not None or (ts.root is not None and ts.root.is_dir()):
-            ts.save()
+        return self.persist and ts.single_file is None and ts.root is not None
 
     def _emit(self, item) -> None:
         with self._lock:
             if self._stopping.is_set() and isinstance(item, Trace) and not item.is_successful():
                 return  # most likely the stop's own doing (a killed worker), not the solution's
             if isinstance(item, Trace):
-                folder = self.trace_set.single_file is None and self.trace_set.root is not None
-                self.trace_set.add_trace(item, persist=self.persist and folder)
+                self.trace_set.add_trace(item, persist=self._appends)
                 self.result.traces.append(item)
             else:
                 self.result.skipped.append(item)
@@ -483,10 +488,6 @@ class _Case:
 
     def trace(self, solution, dev: _Device, status: EvaluationStatus, log: str, *,
               correctness: Optional[Correctness] = None, performance: Optional[Performance] = None) -> Trace:
-        if status in (S.PASSED, S.INCORRECT_NUMERICAL) and correctness is None:
-            correctness = Correctness(max_relative_error=float("nan"), max_absolute_error=float("nan"))
-        if status not in (S.PASSED, S.INCORRECT_NUMERICAL):
-            correctness = None
         evaluation = Evaluation(status=status, environment=dev.environment, timestamp=utc_timestamp(), log=log,
                                 correctness=correctness, performance=performance,
                                 definition_hash=self.definition.content_hash(),

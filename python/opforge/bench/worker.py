@@ -176,9 +176,8 @@ class Worker:
         records = []
         for cpu_inputs in (self.sets if input_sets is None else input_sets):
             inputs = self._to_device(cpu_inputs)
-            outputs = runnable.allocate_outputs(*inputs) if runnable.destination_passing_style else None
-            fn = runnable.call_into if outputs is not None else runnable
-            record = run_call(fn, runnable.definition, inputs, outputs=outputs)
+            call, args = self._call_and_args(runnable, inputs)
+            record = run_call(call, runnable.definition, inputs, outputs=args[len(inputs):] or None)
             records.append(record.to_cpu())
             if record.error is not None:
                 return {"records": records, "healthy": self._healthy()}
