@@ -115,6 +115,53 @@ def test_torch_library_op_destination_passing(native_builds):
     torch.testing.assert_close(y, X * W)
 
 
+_EDITED_CHILD = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {helpers!r})
+    import torch
+    from opforge.registry import BuildError, build
+    from registry_helpers import CPP_TORCH_OP_MUL, mul_definition, solution
+    from test_native_builder import torch_op_mul
+    first = build(torch_op_mul(), mul_definition(), "cpu")
+    edited = solution("cpp_torch_op", CPP_TORCH_OP_MUL.replace("mul_out(y, x, w)", "mul_out(y, w, x)"),
+                      entry="kernel.cpp::torch.ops.opforge_test_mul.run", language="cpp", dps=True)
+    try:
+        build(edited, mul_definition(), "cpu")
+        error = None
+    except BuildError as exc:
+        error = {{"kind": exc.kind, "message": str(exc)}}
+    x, w = torch.randn(3, 8), torch.randn(8)
+    print(json.dumps({{"first_hit": first.cache_hit, "first_ok": bool(torch.equal(first(x, w), x * w)),
+                      "error": error}}))
+""")
+
+
+def test_edited_torch_library_is_refused_in_the_same_process(native_builds, shared_cache):
+    # torch aborts the process (SIGABRT) when a second library registers a TORCH_LIBRARY
+    # namespace: the edited build must be refused before it is loaded, hence the child process.
+    code = _EDITED_CHILD.format(helpers=str(Path(__file__).parent))
+    child = subprocess.run([sys.executable, "-c", code], env={**os.environ, CACHE_VAR: str(shared_cache)},
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, f"exit status {child.returncode}\n{child.stderr[-3000:]}"
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["first_hit"] and result["first_ok"]
+    error = result["error"]
+    assert error is not None and error["kind"] == IMPORT_ERROR
+    assert "namespace 'opforge_test_mul'" in error["message"]
+    assert "already registered in this process" in error["message"] and "new process" in error["message"]
+    assert len([p for p in (shared_cache / "cpp").iterdir() if p.is_dir()]) == 2  # refused before compiling
+
+
+def test_torch_library_namespaces_from_sources():
+    from opforge.registry.builders.native import torch_library_namespaces
+
+    sources = {"a.cpp": "TORCH_LIBRARY(ns_a, m) {}\nTORCH_LIBRARY_IMPL(ns_a, CPU, m) {}\n",
+               "b.h": "TORCH_LIBRARY_FRAGMENT( ns_b , m) {}\nTORCH_LIBRARY_IMPL(ns_c, CPU, m) {}\n",
+               "c.cpp": "TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {}\n"}
+    sol = solution("ns", sources, entry="a.cpp::run", language="cpp")
+    assert torch_library_namespaces(sol, "opforge_cpp_0123") == {"ns_a", "ns_b", "opforge_cpp_0123"}
+
+
 def test_compile_error_carries_compiler_message(cache):
     src = "#include <vector>\nint run(int x) { return x +; }\n"
     with pytest.raises(BuildError) as info:

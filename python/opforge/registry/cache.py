@@ -14,12 +14,19 @@ hashes the solution's spec and sources (not its name, author or description) and
 compiled languages, what else changes the binary: torch, Python and compiler versions. A build
 runs under the folder's file lock; a process that finds the marker with the same key loads what
 is there without building (a cache hit).
+
+The marker records the size and sha256 of every file a later load reads: the sources as written
+and the build's artifact. A hit checks them first, because loading a truncated library kills
+the process (SIGBUS) and an emptied one fails to load at every later build: an entry whose
+files differ (truncated, emptied, replaced, deleted) is discarded and rebuilt under the lock,
+with a warning on the ``opforge.registry`` logger.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,6 +41,11 @@ from .. import config
 from ..config import CACHE_DIR_VAR  # noqa: F401 (re-exported by opforge.registry)
 
 MARKER = "opforge-build.json"
+#: The key of ``produce``'s result naming the build output that gets loaded (relative path).
+ARTIFACT = "artifact"
+_HASH_CHUNK = 1 << 20
+
+logger = logging.getLogger("opforge.registry")
 
 
 def cache_root() -> Path:
@@ -84,9 +96,10 @@ class CacheEntry:
     hit: bool
 
 
-def _folder_name(solution_name: str, key: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", solution_name)[:64] or "solution"
-    return f"{safe}-{key[:16]}"
+def entry_folder(language: str, solution, key: str) -> Path:
+    """The folder of ``solution``'s build under ``key`` (built or not)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", solution.name)[:64] or "solution"
+    return cache_root() / language / f"{safe}-{key[:16]}"
 
 
 def _read_marker(folder: Path, key: str) -> dict | None:
@@ -95,6 +108,40 @@ def _read_marker(folder: Path, key: str) -> dict | None:
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) and info.get("key") == key else None
+
+
+def _file_record(path: Path) -> dict:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def _loaded_files(solution, info: dict) -> list[str]:
+    return [s.path for s in solution.sources] + ([info[ARTIFACT]] if ARTIFACT in info else [])
+
+
+def _damage(folder: Path, info: dict) -> str | None:
+    """What differs between the files in ``folder`` and the marker's record of them; None if
+    nothing does. The size is compared first: it finds truncation without reading the file."""
+    files = info.get("files")
+    if not isinstance(files, dict) or not files:
+        return "the marker records no file hashes"
+    for rel, want in sorted(files.items()):
+        path = folder / rel
+        try:
+            size = path.stat().st_size
+            if size != want.get("size"):
+                return f"{rel}: size {size} instead of {want.get('size')}"
+            if _file_record(path)["sha256"] != want.get("sha256"):
+                return f"{rel}: sha256 differs from the recorded one"
+        except FileNotFoundError:
+            return f"{rel}: missing"
+        except OSError as exc:
+            return f"{rel}: unreadable ({exc.strerror})"
+    return None
 
 
 def write_sources(folder: Path, sources) -> list[Path]:
@@ -115,25 +162,29 @@ def cached_build(language: str, solution, key: str, produce: Callable[[Path], di
     """The finished build of ``solution`` under ``key``, made by ``produce(folder)`` if needed.
 
     ``produce`` gets an empty folder holding the solution's sources, builds there and returns
-    what loading needs (JSON-ready dict, e.g. the artifact's file name); it raises to fail the
-    build, which removes the folder so the next attempt starts clean.
+    what loading needs (JSON-ready dict); a compiled language names the library it loads under
+    :data:`ARTIFACT`, so that the library is verified with the sources at every hit. It raises
+    to fail the build, which removes the folder so the next attempt starts clean.
     """
-    base = cache_root() / language
-    folder = base / _folder_name(solution.name, key)
+    folder = entry_folder(language, solution, key)
     info = _read_marker(folder, key)
-    if info is not None:
+    if info is not None and _damage(folder, info) is None:
         return CacheEntry(folder, info, hit=True)
-    base.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder) + ".lock"):
         info = _read_marker(folder, key)
-        if info is not None:  # another process finished it while this one waited
-            return CacheEntry(folder, info, hit=True)
-        if folder.exists():  # an unfinished build (killed process): start over
+        if info is not None:
+            damage = _damage(folder, info)
+            if damage is None:  # another process finished or repaired it while this one waited
+                return CacheEntry(folder, info, hit=True)
+            logger.warning("build cache entry %s is damaged (%s): discarding it and rebuilding", folder, damage)
+        if folder.exists():  # damaged, or an unfinished build (killed process): start over
             shutil.rmtree(folder)
         folder.mkdir()
         try:
             write_sources(folder, solution.sources)
             info = dict(produce(folder))
+            info["files"] = {rel: _file_record(folder / rel) for rel in _loaded_files(solution, info)}
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

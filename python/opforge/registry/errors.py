@@ -6,7 +6,8 @@ parsing messages:
 ==================  =======================================================================
 COMPILE_ERROR       the compiler rejected the sources (``log`` holds its full output; the
                     message keeps the relevant lines)
-IMPORT_ERROR        a module of the solution (or the compiled library) failed to import / load
+IMPORT_ERROR        a module of the solution (or the compiled library) failed to import / load,
+                    or cannot be loaded in this process (its torch op namespace is taken)
 ENTRY_POINT_ERROR   the entry point's file is not among the sources, or its symbol is missing
 SIGNATURE_ERROR     the entry callable's parameters do not fit the Definition's inputs/outputs
 UNSUPPORTED         the solution cannot run here: target hardware, a missing or too old

@@ -17,22 +17,38 @@ FlashInfer-Bench CUDA solutions run unchanged (they are destination-passing).
 
 The cache key covers the sources, the spec, and Python / torch / compiler versions; a compile
 failure is a BuildError of kind COMPILE_ERROR whose message keeps the compiler's error lines.
+
+torch registers a TORCH_LIBRARY namespace once per process and aborts the process (SIGABRT, from
+the library's static initializer) when a second library registers it again, e.g. an edited
+build of the same solution. So each process records which library registered which namespace
+(read from the sources), and a build whose library would register a namespace again is refused
+with a BuildError of kind IMPORT_ERROR before it is compiled or loaded; it needs a new process.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
-from ..cache import cached_build, solution_key, toolchain_identity
+from ..cache import ARTIFACT, cached_build, entry_folder, solution_key, toolchain_identity
 from ..errors import COMPILE_ERROR, ENTRY_POINT_ERROR, IMPORT_ERROR, UNSUPPORTED, BuildError, trim_compiler_output
 from . import Loaded
 
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c")
 CUDA_SUFFIXES = (".cu",)
 TORCH_OPS = "torch.ops."
+
+# Fragments count too: a fragment that defines an op already defined aborts the same way. A
+# commented-out block matches as well: a needless refusal is better than an aborted process.
+_TORCH_LIBRARY = re.compile(r"\bTORCH_LIBRARY(?:_FRAGMENT)?\s*\(\s*(\w+)\s*,")
+# namespace -> (resolved path of the library that registered it, that solution's name). A
+# namespace is process-wide, hence so is this record.
+_NAMESPACES: dict[str, tuple[str, str]] = {}
+_NAMESPACES_LOCK = threading.Lock()
 
 
 def _compile_sources(solution, language: str, entry_file: str) -> tuple[list[str], list[str]]:
@@ -87,7 +103,35 @@ def _import_extension(solution, name: str, path: Path):
     return module
 
 
+def torch_library_namespaces(solution, extension_name: str) -> set[str]:
+    """The namespaces the solution's TORCH_LIBRARY / TORCH_LIBRARY_FRAGMENT blocks register;
+    TORCH_EXTENSION_NAME stands for ``extension_name``, which differs between builds."""
+    found = {ns for s in solution.sources for ns in _TORCH_LIBRARY.findall(s.content)}
+    return {extension_name if ns == "TORCH_EXTENSION_NAME" else ns for ns in found}
+
+
+def _claim_namespaces(solution, namespaces: set[str], library: Path) -> set[str]:
+    """Record ``library`` as the registrant of ``namespaces``; the ones newly recorded. Raises
+    when another library registered one of them in this process: loading would abort it."""
+    library_id = str(library.resolve())
+    with _NAMESPACES_LOCK:
+        for ns in sorted(namespaces):
+            owner_path, owner = _NAMESPACES.get(ns, (library_id, ""))
+            if owner_path != library_id:
+                raise BuildError(IMPORT_ERROR, solution.name,
+                                 f"its sources register the torch op namespace {ns!r} (TORCH_LIBRARY), which was "
+                                 f"already registered in this process by another build of solution {owner!r} "
+                                 f"({owner_path}); torch registers a namespace once per process and aborts the "
+                                 f"process on a second one, so load this build in a new process (e.g. one of the "
+                                 f"benchmark runner's workers)")
+        claimed = namespaces - _NAMESPACES.keys()
+        _NAMESPACES.update({ns: (library_id, solution.name) for ns in claimed})
+    return claimed
+
+
 def load_torch(solution, language: str, entry_file: str, symbol: str, device) -> Loaded:
+    import torch
+    from torch.utils.cpp_extension import JIT_EXTENSION_VERSIONER
     from torch.utils.cpp_extension import load as torch_load
 
     cpp, cuda = _compile_sources(solution, language, entry_file)
@@ -103,6 +147,10 @@ def load_torch(solution, language: str, entry_file: str, symbol: str, device) ->
     name = f"opforge_{language}_{key[:16]}"
 
     def produce(folder: Path) -> dict:
+        # torch remembers each name it compiled in this process and then skips the compile (same
+        # sources and folder: a damaged entry being rebuilt) or renames the library <name>_v1 (a
+        # second cache root). The cache decides when to build; this folder always needs compiling.
+        JIT_EXTENSION_VERSIONER.entries.pop(name, None)
         try:
             torch_load(name=name, sources=[str(folder / p) for p in cpp + cuda], extra_include_paths=[str(folder)],
                        build_directory=str(folder), with_cuda=with_cuda, is_python_module=not torch_op,
@@ -111,17 +159,28 @@ def load_torch(solution, language: str, entry_file: str, symbol: str, device) ->
             raise BuildError(IMPORT_ERROR, solution.name, f"loading the compiled module failed: {exc}") from None
         except Exception as exc:
             raise _compile_error(solution, exc, folder) from None
-        return {"artifact": f"{name}.so"}
+        return {ARTIFACT: f"{name}.so"}
 
-    entry = cached_build(language, solution, key, produce)
-    artifact = entry.path / entry.info["artifact"]
+    # Both the build (torch_load loads what it compiled) and a cache hit load the library.
+    claimed = _claim_namespaces(solution, torch_library_namespaces(solution, name),
+                                entry_folder(language, solution, key) / f"{name}.so")
+    try:
+        entry = cached_build(language, solution, key, produce)
+        artifact = entry.path / entry.info[ARTIFACT]
+        if torch_op:
+            try:
+                torch.ops.load_library(str(artifact))
+            except OSError as exc:
+                raise BuildError(IMPORT_ERROR, solution.name, f"loading the compiled library failed: {exc}") from None
+        else:
+            module = _import_extension(solution, name, artifact)
+    except BaseException:
+        # A library that did not load registered nothing: its namespaces stay free.
+        with _NAMESPACES_LOCK:
+            for ns in claimed:
+                del _NAMESPACES[ns]
+        raise
     if torch_op:
-        import torch
-
-        try:
-            torch.ops.load_library(str(artifact))
-        except OSError as exc:
-            raise BuildError(IMPORT_ERROR, solution.name, f"loading the compiled library failed: {exc}") from None
         fn = getattr(getattr(torch.ops, namespace), op, None)
         try:
             fn.default  # an op packet resolves its overloads lazily: this fails for unknown ops
@@ -129,7 +188,6 @@ def load_torch(solution, language: str, entry_file: str, symbol: str, device) ->
             raise BuildError(ENTRY_POINT_ERROR, solution.name,
                              f"the compiled library registers no torch op {namespace}::{op}") from None
     else:
-        module = _import_extension(solution, name, artifact)
         fn = module
         for part in op.split("."):
             fn = getattr(fn, part, None)
@@ -161,10 +219,10 @@ def load_tvm_ffi(solution, language: str, entry_file: str, symbol: str, device) 
                                      extra_include_paths=[str(folder)], build_directory=str(folder))
         except Exception as exc:
             raise _compile_error(solution, exc, folder) from None
-        return {"artifact": str(Path(path).relative_to(folder))}
+        return {ARTIFACT: str(Path(path).relative_to(folder))}
 
     entry = cached_build(f"{language}-tvm-ffi", solution, key, produce)
-    artifact = entry.path / entry.info["artifact"]
+    artifact = entry.path / entry.info[ARTIFACT]
     try:
         module = tvm_ffi.load_module(str(artifact))
     except Exception as exc:
