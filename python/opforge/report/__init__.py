@@ -3,7 +3,9 @@ the traces of a dataset (a TraceSet folder or .json file).
 
 Only the latest trace per (definition, workload, solution) counts, so rerunning a solution
 replaces its old results. Timings marked suspect are shown but never win and never enter a
-mean. From the command line: ``opforge report summary|best|html`` (see report/cli.py).
+mean. The per-workload tables and the latency plots show how noisy each timing was (p90/p10
+of its runs); a speedup whose baseline was timed in an earlier run is marked "*". From the
+command line: ``opforge report summary|best|html`` (see report/cli.py).
 
     from opforge.report import summarize, best, write_html, print_summary
     ts = TraceSet.load("opforge-runs/builtin")

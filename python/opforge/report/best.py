@@ -17,7 +17,8 @@ from typing import Iterable, Optional
 
 from ..trace import Trace, TraceSet
 from .select import DefinitionView, WorkloadInfo, collect
-from .stats import believable, geomean, passed, speedup_vs_baseline, speedup_vs_reference
+from .stats import (baseline_mean, believable, geomean, max_over_median, passed, speedup_vs_reference,
+                    spread)
 
 OVERALL = "(overall)"
 
@@ -27,7 +28,9 @@ class BestRow:
     """The winner of one workload (``overall`` False) or of a whole definition (True).
 
     ``margin_pct``: how much slower the runner-up is, in percent of the winner's latency (for
-    an overall row, of its mean latency ratio). ``suspect``: solutions left out because their
+    an overall row, of its mean latency ratio). ``spread`` and ``max_over_median``: how noisy
+    the winner's timing was (see stats.spread; per workload only). ``baseline_ratios`` and
+    ``baseline_earlier``: as in SummaryRow. ``suspect``: solutions left out because their
     timing was suspect. ``note``: why there is no winner, or what the overall mean left out."""
 
     definition: str
@@ -37,10 +40,14 @@ class BestRow:
     axes: dict = field(default_factory=dict)
     solution: Optional[str] = None
     latency_ms: Optional[float] = None
+    spread: Optional[float] = None
+    max_over_median: Optional[float] = None
     gbps: Optional[float] = None
     percent_of_peak: Optional[float] = None
     speedup_vs_baseline: Optional[float] = None
     baseline: Optional[str] = None
+    baseline_ratios: int = 0
+    baseline_earlier: list[str] = field(default_factory=list)
     speedup_vs_reference: Optional[float] = None
     runner_up: Optional[str] = None
     runner_up_latency_ms: Optional[float] = None
@@ -57,6 +64,12 @@ def _margin(best: float, runner_up: float) -> Optional[float]:
     return (runner_up / best - 1.0) * 100.0 if best > 0 else None
 
 
+def _set_baseline(row: BestRow, traces: list[Trace]) -> None:
+    mean = baseline_mean(traces)
+    row.speedup_vs_baseline, row.baseline_ratios, row.baseline_earlier = mean.value, mean.ratios, mean.earlier
+    row.baseline = ", ".join(sorted({p for t in traces if (p := t.evaluation.performance.baseline_solution)})) or None
+
+
 def _workload_row(view: DefinitionView, workload: WorkloadInfo) -> BestRow:
     traces = [t for s in view.solutions if (t := view.trace(s.name, workload.uuid)) is not None]
     suspect = [t.solution for t in traces if passed(t) and not believable(t)]
@@ -71,10 +84,11 @@ def _workload_row(view: DefinitionView, workload: WorkloadInfo) -> BestRow:
     perf = winner.evaluation.performance
     row.solution = winner.solution
     row.latency_ms = perf.latency_ms
+    row.spread = spread(winner)
+    row.max_over_median = max_over_median(winner)
     row.gbps = perf.achieved_gbps
     row.percent_of_peak = perf.percent_of_peak
-    row.speedup_vs_baseline = speedup_vs_baseline(winner)
-    row.baseline = perf.baseline_solution
+    _set_baseline(row, [winner])
     row.speedup_vs_reference = speedup_vs_reference(winner)
     if len(ranked) > 1:
         row.runner_up = ranked[1].solution
@@ -118,8 +132,7 @@ def _overall_row(view: DefinitionView) -> BestRow:
     row.solution = winner
     row.latency_ratio = ratios[winner]
     row.speedup_vs_reference = geomean(speedup_vs_reference(t) for t in mine)
-    row.speedup_vs_baseline = geomean(speedup_vs_baseline(t) for t in mine)
-    row.baseline = ", ".join(sorted({p for t in mine if (p := t.evaluation.performance.baseline_solution)})) or None
+    _set_baseline(row, mine)
     if len(ranked) > 1:
         row.runner_up = ranked[1]
         row.runner_up_latency_ratio = ratios[ranked[1]]

@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     summary.add_argument("--json", action="store_true", help="print the rows as JSON")
     best = commands.add_parser("best", parents=[common], help="the fastest solution per workload and overall",
                                description="The fastest passing solution per workload (suspect timings left "
-                                           "out), its runner-up, and the best solution of each definition overall.")
+                                           "out) with the spread of its timing, its runner-up, and the best "
+                                           "solution of each definition overall.")
     best.add_argument("--json", action="store_true", help="print the rows as JSON")
     page = commands.add_parser("html", parents=[common], help="a self-contained HTML report with plots",
                                description="Write one HTML file with the summary, latency and bandwidth plots, "

@@ -6,12 +6,16 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from . import fmt
 from .best import BestRow
 from .summary import SummaryRow
+
+#: Width a table is measured in to find its natural width (wider than any real row).
+_UNBOUNDED = 10_000
 
 
 def _text(value, style: str = "") -> Text:
@@ -22,14 +26,36 @@ def _table(title: str, columns) -> Table:
     """Columns named with a leading "#" hold numbers (right-aligned). Every cell folds rather
     than being cut with an ellipsis: in a narrow terminal a long name or number wraps, but
     nothing is lost."""
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", caption_justify="left")
     for name in columns:
         table.add_column(name.lstrip("#"), justify="right" if name.startswith("#") else "left", overflow="fold")
     return table
 
 
+def _vs_baseline(row) -> Text:
+    return _text(fmt.vs_baseline(row.speedup_vs_baseline, len(row.baseline_earlier), row.baseline_ratios))
+
+
+def _footnote(table: Table, rows, mean: bool) -> None:
+    runs = [run for r in rows for run in r.baseline_earlier]
+    if runs:
+        table.caption = fmt.earlier_note(runs, mean)
+
+
+def _print(console: Optional[Console], tables: Sequence[Table]) -> None:
+    tables = [t for t in tables if t.row_count]
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            # A pipe or a log file has no width to fit, and folding every cell into the 80
+            # columns rich assumes there splits the numbers: print whole rows instead.
+            wide = console.options.update_width(_UNBOUNDED)
+            console.width = max([console.width] + [Measurement.get(console, wide, t).maximum for t in tables])
+    for table in tables:
+        console.print(table)
+
+
 def print_summary(rows: Sequence[SummaryRow], console: Optional[Console] = None) -> None:
-    console = console or Console()
     hardware = sorted({h for r in rows for h in r.hardware})
     # One machine (the usual case) goes in the title rather than in a column of its own.
     per_row = len(hardware) > 1
@@ -45,16 +71,16 @@ def print_summary(rows: Sequence[SummaryRow], console: Optional[Console] = None)
                       _text(fmt.failures(r.statuses), "red" if r.failed else ""),
                       _text(fmt.us(r.median_latency_ms)), _text(fmt.gbps(r.median_gbps)),
                       _text(fmt.pct(r.median_percent_of_peak)), _text(fmt.times(r.speedup_vs_reference)),
-                      _text(fmt.times(r.speedup_vs_baseline)), _text(r.suspect or "", "yellow" if r.suspect else ""),
+                      _vs_baseline(r), _text(r.suspect or "", "yellow" if r.suspect else ""),
                       *((_text(", ".join(r.hardware)),) if per_row else ()))
-    console.print(table)
+    _footnote(table, rows, mean=True)
+    _print(console, [table])
 
 
 def print_best(rows: Sequence[BestRow], console: Optional[Console] = None) -> None:
-    console = console or Console()
     per_workload = _table("Fastest passing solution per workload (suspect timings left out)",
-                          ("definition", "workload", "best", "#latency µs", "#GB/s", "#% peak", "#vs baseline",
-                           "#vs ref", "runner-up", "#margin", "note"))
+                          ("definition", "workload", "best", "#latency µs", "#spread p90/p10", "#GB/s", "#% peak",
+                           "#vs baseline", "#vs ref", "runner-up", "#margin", "note"))
     overall = _table("Best overall (geomean of latency / fastest, among solutions passing every workload)",
                      ("definition", "best", "#latency ratio", "#vs baseline", "#vs ref", "runner-up", "#margin",
                       "note"))
@@ -64,16 +90,15 @@ def print_best(rows: Sequence[BestRow], console: Optional[Console] = None) -> No
             note = "; ".join(filter(None, [note, "suspect: " + ", ".join(r.suspect)]))
         if r.overall:
             overall.add_row(_text(r.definition), _text(r.solution or fmt.NONE, "bold green"),
-                            _text(fmt.times(r.latency_ratio)), _text(fmt.times(r.speedup_vs_baseline)),
+                            _text(fmt.times(r.latency_ratio)), _vs_baseline(r),
                             _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
                             _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
         else:
             per_workload.add_row(_text(r.definition), _text(r.workload), _text(r.solution or fmt.NONE, "bold green"),
-                                 _text(fmt.us(r.latency_ms)), _text(fmt.gbps(r.gbps)),
-                                 _text(fmt.pct(r.percent_of_peak)),
-                                 _text(fmt.times(r.speedup_vs_baseline)), _text(fmt.times(r.speedup_vs_reference)),
-                                 _text(r.runner_up or fmt.NONE), _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
-    if per_workload.row_count:
-        console.print(per_workload)
-    if overall.row_count:
-        console.print(overall)
+                                 _text(fmt.us(r.latency_ms)), _text(fmt.times(r.spread)), _text(fmt.gbps(r.gbps)),
+                                 _text(fmt.pct(r.percent_of_peak)), _vs_baseline(r),
+                                 _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
+                                 _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
+    _footnote(per_workload, [r for r in rows if not r.overall], mean=False)
+    _footnote(overall, [r for r in rows if r.overall], mean=True)
+    _print(console, [per_workload, overall])

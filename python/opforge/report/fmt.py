@@ -6,11 +6,14 @@ and one unit per column keeps rows comparable at a glance.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..trace import EvaluationStatus
 
 NONE = "–"
+
+#: Marks a speedup whose baseline was timed in an earlier run (see stats.earlier_baseline).
+EARLIER = "*"
 
 #: Short names of the failing statuses, for the tables' failure column.
 SHORT_STATUS = {
@@ -33,6 +36,20 @@ def us(ms: Optional[float]) -> str:
 
 def times(x: Optional[float]) -> str:
     return NONE if x is None else f"{x:.2f}×"
+
+
+def vs_baseline(x: Optional[float], earlier: int = 0, ratios: int = 1) -> str:
+    """``1.20×``, marked ``1.20×*`` when its baseline was timed in an earlier run; a mean of
+    several ratios says how many of them were: ``1.20×* (2/4)``."""
+    if x is None or not earlier:
+        return times(x)
+    return times(x) + EARLIER + (f" ({earlier}/{ratios})" if ratios > 1 else "")
+
+
+def earlier_note(runs: Iterable[str], mean: bool) -> str:
+    """The footnote of a table with ``vs_baseline`` marks, naming the earlier runs."""
+    note = f"{EARLIER} baseline timed in an earlier run ({'; '.join(sorted(set(runs)))})"
+    return note + ("; (n/m): n of the m averaged ratios" if mean else "")
 
 
 def pct(x: Optional[float]) -> str:

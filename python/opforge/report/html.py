@@ -19,9 +19,10 @@ from typing import Iterable, Optional, Union
 from ..trace import EvaluationStatus, Trace, TraceSet
 from . import fmt
 from .best import BestRow, best_of
-from .plots import Series, finite, line_plot, require_matplotlib
+from .plots import Point, Series, finite, line_plot, require_matplotlib
 from .select import DefinitionView, collect, parse_timestamp
-from .stats import believable, first_line, passed, speedup_vs_baseline, speedup_vs_reference
+from .stats import (believable, earlier_baseline, first_line, max_over_median, passed, speedup_vs_baseline,
+                    speedup_vs_reference, spread, timing_range)
 from .style import CSS
 from .summary import SummaryRow, summary_rows
 
@@ -71,6 +72,33 @@ def _header(trace_set: TraceSet, views: list[DefinitionView], title: str) -> str
             f'<nav><p class="muted">Definitions: {nav or fmt.NONE}</p></nav>')
 
 
+# --- cells shared by the tables ------------------------------------------------------------
+
+
+def _earlier_runs(row: Union[SummaryRow, BestRow]) -> str:
+    return (f"{len(row.baseline_earlier)} of {fmt.count(row.baseline_ratios, 'ratio')} against a baseline timed "
+            f"in an earlier run: {'; '.join(sorted(set(row.baseline_earlier)))}")
+
+
+def _vs_baseline_cell(row: Union[SummaryRow, BestRow]) -> str:
+    """A speedup vs baseline, marked when baselines came from an earlier run (the title says which)."""
+    title = [f"baseline: {row.baseline}"] if row.baseline else []
+    if row.baseline_earlier:
+        title.append(_earlier_runs(row))
+    text = fmt.vs_baseline(row.speedup_vs_baseline, len(row.baseline_earlier), row.baseline_ratios)
+    return f'<td class="n" title="{_e(chr(10).join(title))}">{_e(text)}</td>'
+
+
+def _earlier_footnote(rows, mean: bool) -> str:
+    runs = [run for r in rows for run in r.baseline_earlier]
+    return f'<p class="footnote muted">{_e(fmt.earlier_note(runs, mean))}</p>' if runs else ""
+
+
+def _spread_detail(spread_x: Optional[float], tail: Optional[float]) -> str:
+    text = f"p90/p10 of the timed runs {fmt.times(spread_x)}"
+    return text + (f"; slowest run {fmt.times(tail)} the median" if tail is not None else "")
+
+
 # --- summary -------------------------------------------------------------------------------
 
 
@@ -89,14 +117,13 @@ def _summary_table(rows: list[SummaryRow], anchors: dict[str, str]) -> str:
             f'<td class="n">{r.passed}/{r.workloads}</td><td>{_e(fmt.failures(r.statuses))}</td>'
             f'<td class="n">{_e(fmt.us(r.median_latency_ms))}</td><td class="n">{_e(fmt.gbps(r.median_gbps))}</td>'
             f'<td class="n">{_e(fmt.pct(r.median_percent_of_peak))}</td>'
-            f'<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td>'
-            f'<td class="n" title="{_e(r.baseline or "")}">{_e(fmt.times(r.speedup_vs_baseline))}</td>'
+            f'<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td>{_vs_baseline_cell(r)}'
             f"{suspect}<td>{_e(', '.join(r.hardware))}</td></tr>")
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (f'<section id="summary"><h2>Summary</h2><p class="muted">Medians and geometric means over the passed '
             f"workloads whose timing is not suspect.</p>"
             f'<div class="scroll"><table class="summary"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody>'
-            "</table></div></section>")
+            f"</table></div>{_earlier_footnote(rows, mean=True)}</section>")
 
 
 # --- plots ---------------------------------------------------------------------------------
@@ -111,7 +138,9 @@ def _x_axis(view: DefinitionView):
     return xs, "workload", [(xs[w.uuid], w.label) for w in view.workloads]
 
 
-def _series(view: DefinitionView, metric) -> list[Series]:
+def _series(view: DefinitionView, metric, bounds=lambda t: None) -> list[Series]:
+    """One series per solution of ``metric(trace)``; ``bounds(trace)`` gives the (low, high)
+    range of the value when there is one."""
     xs, _, _ = _x_axis(view)
     out = []
     for s in view.solutions:
@@ -119,9 +148,14 @@ def _series(view: DefinitionView, metric) -> list[Series]:
         for t in view.traces_of(s.name):
             value = metric(t) if passed(t) else None
             if finite(value) and value > 0:
-                points.append((xs[t.workload.uuid], value, not believable(t)))
+                points.append(Point(xs[t.workload.uuid], value, not believable(t), *(bounds(t) or ())))
         out.append(Series(s.name, points))
     return out
+
+
+def _latency_bounds_us(trace: Trace) -> Optional[tuple[float, float]]:
+    bounds = timing_range(trace)
+    return (bounds[0] * 1e3, bounds[1] * 1e3) if bounds else None
 
 
 def _reference_series(view: DefinitionView) -> Series:
@@ -134,7 +168,7 @@ def _reference_series(view: DefinitionView) -> Series:
             ref = t.evaluation.performance.reference_latency_ms if passed(t) else None
             if finite(ref) and ref > 0:
                 by_workload.setdefault(t.workload.uuid, []).append(ref * 1e3)
-    points = [(xs[uuid], statistics.median(v), False) for uuid, v in by_workload.items()]
+    points = [Point(xs[uuid], statistics.median(v)) for uuid, v in by_workload.items()]
     return Series(f"{view.name}_reference", points)
 
 
@@ -148,7 +182,7 @@ def _img(svg: Optional[str], alt: str, caption: str) -> str:
 
 def _plots(view: DefinitionView) -> str:
     _, xlabel, xticks = _x_axis(view)
-    solutions = _series(view, lambda t: t.evaluation.performance.latency_ms * 1e3)
+    solutions = _series(view, lambda t: t.evaluation.performance.latency_ms * 1e3, _latency_bounds_us)
     latency = line_plot(solutions + [_reference_series(view)], xlabel=xlabel, ylabel="latency (µs)",
                         title=f"{view.name}: latency", xticks=xticks)
     perfs = [t.evaluation.performance for t in view.cells.values() if passed(t)]
@@ -162,7 +196,7 @@ def _plots(view: DefinitionView) -> str:
                            xticks=xticks) if metric else None)
     return ('<div class="plots">'
             + _img(latency, f"latency of each solution of {view.name} per workload",
-                   "Latency per workload (lower is better)")
+                   "Latency per workload (lower is better); bars span p10 to p90 of the timed runs")
             + _img(bandwidth, f"{label} of each solution of {view.name} per workload",
                    f"{label.capitalize()} per workload")
             + "</div>")
@@ -175,7 +209,14 @@ def _passed_cell(trace: Trace, winner: bool) -> str:
     perf = trace.evaluation.performance
     extra = [f"speedup vs reference {fmt.times(speedup_vs_reference(trace))}"]
     if perf.baseline_solution:
-        extra.append(f"vs {perf.baseline_solution} {fmt.times(speedup_vs_baseline(trace))}")
+        earlier = earlier_baseline(trace)
+        speedup = fmt.vs_baseline(speedup_vs_baseline(trace), int(earlier is not None))
+        extra.append(f"vs {perf.baseline_solution} {speedup}"
+                     + (f" (baseline timed in an earlier run: {earlier})" if earlier else ""))
+    bounds = timing_range(trace)
+    if bounds:
+        extra.append(f"p10–p90 {fmt.us(bounds[0])}–{fmt.us(bounds[1])} µs, "
+                     + _spread_detail(spread(trace), max_over_median(trace)))
     if perf.percent_of_peak is not None:
         extra.append(f"{fmt.pct(perf.percent_of_peak)} of peak")
     classes, flag = "st st-passed", ""
@@ -184,8 +225,9 @@ def _passed_cell(trace: Trace, winner: bool) -> str:
         flag = '<br><span class="flag">⚠ suspect</span>'
         extra.insert(0, f"suspect timing: {perf.suspect}")
     mark = ' <span class="best-mark" title="fastest on this workload">★</span>' if winner else ""
+    noise = f'<br><span class="spread">spread {_e(fmt.times(spread(trace)))}</span>' if bounds else ""
     return (f'<td class="{classes}" title="{_e(chr(10).join(extra))}"><span class="status">PASSED</span>{mark}<br>'
-            f'<span class="num">{_e(fmt.us(perf.latency_ms))} µs</span>{flag}</td>')
+            f'<span class="num">{_e(fmt.us(perf.latency_ms))} µs</span>{noise}{flag}</td>')
 
 
 def _failed_cell(trace: Trace) -> str:
@@ -227,8 +269,8 @@ def _status_matrix(view: DefinitionView, winners: dict[str, str]) -> str:
 
 
 def _best_table(rows: list[BestRow]) -> str:
-    head = ("workload", "fastest", "latency (µs)", "GB/s", "% of peak", "vs baseline", "vs reference", "runner-up",
-            "margin", "note")
+    head = ("workload", "fastest", "latency (µs)", "spread (p90/p10)", "GB/s", "% of peak", "vs baseline",
+            "vs reference", "runner-up", "margin", "note")
     body = []
     overall = ""
     for r in rows:
@@ -241,15 +283,16 @@ def _best_table(rows: list[BestRow]) -> str:
         note_cell = f'<td><span class="flag">⚠</span> {_e(note)}</td>' if r.suspect else f"<td>{_e(note)}</td>"
         body.append(
             f"<tr><td>{_e(r.workload)}</td><td><b>{_e(r.solution or fmt.NONE)}</b></td>"
-            f'<td class="n">{_e(fmt.us(r.latency_ms))}</td><td class="n">{_e(fmt.gbps(r.gbps))}</td>'
-            f'<td class="n">{_e(fmt.pct(r.percent_of_peak))}</td>'
-            f'<td class="n" title="{_e(r.baseline or "")}">{_e(fmt.times(r.speedup_vs_baseline))}</td>'
-            f'<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td><td>{_e(r.runner_up or fmt.NONE)}</td>'
+            f'<td class="n">{_e(fmt.us(r.latency_ms))}</td>'
+            f'<td class="n" title="{_e(_spread_detail(r.spread, r.max_over_median))}">{_e(fmt.times(r.spread))}</td>'
+            f'<td class="n">{_e(fmt.gbps(r.gbps))}</td><td class="n">{_e(fmt.pct(r.percent_of_peak))}</td>'
+            f'{_vs_baseline_cell(r)}<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td>'
+            f"<td>{_e(r.runner_up or fmt.NONE)}</td>"
             f'<td class="n">{_e(fmt.margin(r.margin_pct))}</td>{note_cell}</tr>')
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (f"<h3>Best solution per workload</h3>{overall}"
             f'<div class="scroll"><table class="best"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody>'
-            "</table></div>")
+            f"</table></div>{_earlier_footnote([r for r in rows if not r.overall], mean=False)}")
 
 
 def _overall(r: BestRow) -> str:
@@ -260,6 +303,8 @@ def _overall(r: BestRow) -> str:
             f"{fmt.count(r.candidates, 'solution')} that passed every workload)")
     if r.speedup_vs_baseline is not None:
         text += f"; {_e(fmt.times(r.speedup_vs_baseline))} vs {_e(r.baseline or 'baseline')}"
+        if r.baseline_earlier:
+            text += f" ({_e(_earlier_runs(r))})"
     if r.runner_up:
         text += f"; runner-up {_e(r.runner_up)} {_e(fmt.margin(r.margin_pct))}"
     if r.note:
@@ -305,8 +350,8 @@ def write_html(trace_set: TraceSet, path: Union[str, Path] = "report.html", defi
                solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None,
                title: str = "opforge benchmark report") -> Path:
     """Write the report to ``path`` as one self-contained HTML file: a header (hardware,
-    libraries, time range of the runs), the summary table, and per definition the latency and
-    bandwidth plots, a status matrix (solutions x workloads) and the best solution per workload.
+    libraries, time range of the runs), the summary table, and per definition the latency (with
+    p10-p90 bars) and bandwidth plots, a status matrix (solutions x workloads) and the best solution per workload.
     Filters as in ``summarize``. Needs matplotlib (``pip install 'opforge[report]'``)."""
     text = render_html(trace_set, definitions, solutions, hardware, title)
     path = Path(path)

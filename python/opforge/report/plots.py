@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 INSTALL_HINT = "pip install 'opforge[report]'"
 
@@ -19,12 +19,20 @@ _LEGEND_CHARS = 40
 _SUSPECT_EDGE = "#d00000"
 
 
+class Point(NamedTuple):
+    x: float
+    y: float
+    suspect: bool = False
+    low: Optional[float] = None  # the range y's samples mostly fell in (p10, p90), when known
+    high: Optional[float] = None
+
+
 @dataclass
 class Series:
-    """One line of a plot: (x, y, suspect) points of one solution."""
+    """One line of a plot: the points of one solution."""
 
     name: str
-    points: list[tuple[float, float, bool]] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
 
 
 def require_matplotlib():
@@ -52,7 +60,9 @@ def _log_worthy(values: Sequence[float]) -> bool:
 def line_plot(series: Sequence[Series], *, xlabel: str, ylabel: str, title: str,
               xticks: Optional[Sequence[tuple[float, str]]] = None) -> Optional[str]:
     """An SVG line plot with one line per series through its believable points; suspect
-    points are drawn as red-edged crosses outside the line. Axes spanning more than 10x are
+    points are drawn as red-edged crosses outside the line. A point with a low-high range gets
+    an error bar over it (suspect or not: a noisy point is what the bar is there to show); the
+    bars of series i are the SVG group with id ``p10-p90-<i>``. Axes spanning more than 10x are
     logarithmic. ``xticks`` places labelled ticks (for workloads without one numeric axis).
     None when no series has a point."""
     series = [s for s in series if s.points]
@@ -69,14 +79,23 @@ def line_plot(series: Sequence[Series], *, xlabel: str, ylabel: str, title: str,
     any_suspect = False
     for i, s in enumerate(series):
         color = colors[i % len(colors)]
-        points = sorted(s.points)
-        good = [(x, y) for x, y, suspect in points if not suspect]
-        bad = [(x, y) for x, y, suspect in points if suspect]
+        points = sorted(s.points, key=lambda p: p.x)
+        good = [(p.x, p.y) for p in points if not p.suspect]
+        bad = [(p.x, p.y) for p in points if p.suspect]
         (line,) = ax.plot([x for x, _ in good], [y for _, y in good], marker="o", markersize=4, color=color)
         if bad:
             any_suspect = True
             ax.plot([x for x, _ in bad], [y for _, y in bad], linestyle="none", marker="X", markersize=9,
                     color=color, markeredgecolor=_SUSPECT_EDGE, markeredgewidth=1.2)
+        ranged = [p for p in points if p.low is not None and p.high is not None]
+        if ranged:
+            # Clipped at zero: matplotlib refuses a negative bar length, which a median outside
+            # its own p10-p90 (from a hand-edited or inconsistent trace) would give.
+            below = [max(p.y - p.low, 0.0) for p in ranged]
+            above = [max(p.high - p.y, 0.0) for p in ranged]
+            bars = ax.errorbar([p.x for p in ranged], [p.y for p in ranged], yerr=[below, above], fmt="none",
+                               ecolor=color, elinewidth=1.2, capsize=3, alpha=0.7)
+            bars.lines[2][0].set_gid(f"p10-p90-{i}")  # lines: (data line, caps, bar collections)
         handles.append(line)
         labels.append(_plain(s.name, _LEGEND_CHARS))
     if any_suspect:
@@ -84,8 +103,9 @@ def line_plot(series: Sequence[Series], *, xlabel: str, ylabel: str, title: str,
                               markeredgecolor=_SUSPECT_EDGE, markeredgewidth=1.2))
         labels.append("suspect timing")
 
-    xs = [x for s in series for x, _, _ in s.points]
-    ys = [y for s in series for _, y, _ in s.points]
+    xs = [p.x for s in series for p in s.points]
+    # The bars count toward the y extent: a 36x spread on a linear axis would flatten every line.
+    ys = [v for s in series for p in s.points for v in (p.y, p.low, p.high) if v is not None]
     if xticks is None and _log_worthy(xs):
         ax.set_xscale("log")
     if _log_worthy(ys):

@@ -34,6 +34,8 @@ td.st .status { font-weight: 600; }
 .st-timeout { background: #d3e3fb; }
 .st-none { background: #f0f1f3; color: #7b8496; }
 .suspect { background: #fff1a8; outline: 2px dashed #d00000; outline-offset: -3px; }
+.spread { font-size: 11px; color: #5b6578; }
+.footnote { font-size: 12px; margin: 2px 0 8px; }
 .flag { color: #b00000; font-weight: 600; }
 .log { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 11px; color: #4a2530;
        word-break: break-word; margin-top: 2px; }

@@ -8,7 +8,7 @@ from typing import Iterable, Optional
 
 from ..trace import EvaluationStatus, TraceSet
 from .select import DefinitionView, collect
-from .stats import believable, geomean, median, passed, speedup_vs_baseline, speedup_vs_reference
+from .stats import baseline_mean, believable, geomean, median, passed, speedup_vs_reference
 
 
 @dataclass
@@ -17,7 +17,9 @@ class SummaryRow:
 
     The medians and geometric means are over the PASSED workloads whose timing is believable:
     a timing marked suspect (``suspect`` counts them) is left out, since one impossible number
-    would skew a mean of a handful of workloads."""
+    would skew a mean of a handful of workloads. ``baseline_ratios``: how many speedups
+    ``speedup_vs_baseline`` averages; ``baseline_earlier``: for each of them whose baseline was
+    timed in an earlier run, that run (see stats.earlier_baseline)."""
 
     definition: str
     solution: str
@@ -33,6 +35,8 @@ class SummaryRow:
     speedup_vs_reference: Optional[float] = None
     speedup_vs_baseline: Optional[float] = None
     baseline: Optional[str] = None
+    baseline_ratios: int = 0
+    baseline_earlier: list[str] = field(default_factory=list)
     hardware: list[str] = field(default_factory=list)
 
     @property
@@ -48,6 +52,7 @@ def summary_rows(view: DefinitionView) -> list[SummaryRow]:
         timed = [t for t in traces if believable(t)]
         perfs = [t.evaluation.performance for t in timed]
         baselines = sorted({p.baseline_solution for p in perfs if p.baseline_solution})
+        vs_baseline = baseline_mean(timed)
         rows.append(SummaryRow(
             definition=view.name,
             solution=solution.name,
@@ -61,8 +66,10 @@ def summary_rows(view: DefinitionView) -> list[SummaryRow]:
             median_gbps=median(p.achieved_gbps for p in perfs),
             median_percent_of_peak=median(p.percent_of_peak for p in perfs),
             speedup_vs_reference=geomean(speedup_vs_reference(t) for t in timed),
-            speedup_vs_baseline=geomean(speedup_vs_baseline(t) for t in timed),
+            speedup_vs_baseline=vs_baseline.value,
             baseline=", ".join(baselines) or None,
+            baseline_ratios=vs_baseline.ratios,
+            baseline_earlier=vs_baseline.earlier,
             hardware=sorted({t.evaluation.environment.hardware for t in traces}),
         ))
     return rows
