@@ -12,9 +12,8 @@ step "dependencies"
 # torch's CPU build (the CUDA wheels are several GB and no GPU is here); then the test tools.
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 # triton (its interpreter runs Triton solutions on the CPU) and apache-tvm-ffi (FlashInfer-Bench
-# style CUDA/C++ solutions) let the registry tests cover those builders too; matplotlib draws the
-# plots of the HTML report.
-$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" numpy triton apache-tvm-ffi matplotlib
+# style CUDA/C++ solutions) let the registry tests cover those builders too.
+$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" triton apache-tvm-ffi
 # A headless browser renders the HTML report in tests/report (CI runs as root on Debian).
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 

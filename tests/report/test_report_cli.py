@@ -85,7 +85,7 @@ def test_html_default_output_and_missing_matplotlib(dataset_json, tmp_path, monk
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     code, _, err = _run(capsys, "html", "--dataset", str(dataset_json))
-    assert code == 1 and "pip install 'opforge[report]'" in err
+    assert code == 1 and "pip install matplotlib" in err
     assert not (tmp_path / "report.html").exists()
 
 

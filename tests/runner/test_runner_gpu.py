@@ -13,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "registry"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import GPU_SKIP_REASON, HAS_GPU  # noqa: E402
 from registry_helpers import mul_definition, solution  # noqa: E402
@@ -149,3 +150,18 @@ def test_timer_measures_device_time_not_host_time():
     assert 0.045 < spin["median_ms"] < 0.06, spin
     host = time_cuda(slow_host, [[x]], warmup=2, iterations=30, max_time_s=2, cuda_graph=False)
     assert host["median_ms"] < 0.05 and host["host_ms"] > 0.25, host
+
+
+def test_a_patched_timer_on_a_gpu_is_suspect_and_reaches_no_one_else(tmp_path):
+    """The 4 us lie: its own timing does not fit the runner's clock; the baseline before it and
+    the solution after it keep their own device times."""
+    from test_runner_trust import TIMER_CHEAT
+
+    cheat = TIMER_CHEAT.replace("ITERATIONS", "30").replace('method="host_clock"', 'method="cuda_events"')
+    slow = "import torch\n\ndef run(x, w):\n    torch.cuda._sleep(2_000_000)\n    return x * w\n"
+    got = run(dataset(tmp_path / "ds", {"honest": slow, "cheat": cheat, "zz_after": slow}, batches=(4096,)))
+    cheat_perf = got[("cheat", "b4096")].evaluation.performance
+    assert cheat_perf.suspect and cheat_perf.suspect.startswith("timing does not fit the runner's clock"), cheat_perf
+    for name in ("honest", "zz_after"):
+        perf = got[(name, "b4096")].evaluation.performance
+        assert perf.suspect is None and perf.latency_ms > 0.3, (name, perf)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opforge.bench import BenchmarkConfig, Settings, _wire
-from opforge.bench.runner import _Case
+from opforge.bench.performance import performance
 from opforge.bench.timing import time_cpu
 from opforge.trace.templates import TEMPLATES
 
@@ -34,7 +34,7 @@ def test_tensors_cross_bit_for_bit(tmp_path, dtype, spill):
     strided = big[::3, 1::2]  # a view: sent as its own contiguous values
     message = {"op": "check", "input_sets": [[big, small, strided, 1e-6, None]], "empty": big[:0]}
     data = _wire.dumps(message, tmp_path if spill else None)
-    got = _wire.loads(data)
+    got = _wire.loads(data, tmp_path if spill else None)
     for sent, received in zip(message["input_sets"][0][:3], got["input_sets"][0][:3]):
         assert received.dtype == sent.dtype and received.shape == sent.shape
         assert torch.equal(received.view(torch.uint8) if dtype.itemsize == 1 else received, sent.contiguous()
@@ -102,18 +102,14 @@ def test_cpu_timer_counts_and_stops_on_budget():
     assert 10 <= slow["iterations"] < 30 and slow["median_ms"] >= 10
 
 
-class _Dev:
-    calibration = {"gbps": 100.0}
-
-
 def _performance(latency_ms, reference_ms=2.0, baseline_ms=None):
     norm = TEMPLATES["rmsnorm"].definition(dtype="bfloat16", hidden_size=4096)
-    from opforge.trace import Workload
-
-    case = _Case(None, norm, Workload(uuid="w", axes={"batch_size": 256}, inputs={}), seed=0)
-    case.reference_ms, case.baseline, case.baseline_ms = reference_ms, "base", baseline_ms
-    timing = {"median_ms": latency_ms, "method": "host_clock"}
-    return case.performance(timing, _Dev(), Settings()), norm.bytes_moved({"batch_size": 256, "hidden_size": 4096})
+    axes = {"batch_size": 256, "hidden_size": 4096}
+    timing = {"median_ms": latency_ms, "p10_ms": latency_ms, "p90_ms": latency_ms, "max_ms": latency_ms,
+              "iterations": 100, "method": "host_clock"}
+    perf = performance(norm, axes, timing, {"gbps": 100.0}, Settings(), reference_ms=reference_ms, baseline="base",
+                       baseline_ms=baseline_ms)
+    return perf, norm.bytes_moved(axes)
 
 
 def test_performance_numbers_and_the_physical_floor():

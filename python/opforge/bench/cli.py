@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="skip solution/workload pairs already traced")
     parser.add_argument("--seed", type=int, help="seed of the inputs (default: random, recorded in each trace)")
     parser.add_argument("--baseline", help='solution to compare with ("builtin" by default; "none" for none)')
-    parser.add_argument("--isolate", action="store_true", help="a fresh worker process for every solution")
+    parser.add_argument("--isolate", action="store_true", help="a fresh worker process for every solution and workload (every "
+                        "solution always has worker processes of its own)")
     parser.add_argument("--max-elements", type=int, help="skip workloads with a larger tensor")
     parser.add_argument("--no-reference-timing", action="store_true", help="do not time the reference")
     parser.add_argument("--log-dir", help="worker logs (default: DATASET/logs)")
@@ -75,6 +76,8 @@ def open_dataset(args: argparse.Namespace):
     from ..trace import TraceSet
     from ..trace.builtin import load_builtin_trace_set
 
+    if args.dataset and not Path(args.dataset).exists():
+        raise SystemExit(f"opforge run: no dataset at {args.dataset} (a dataset folder or a .json file)")
     target = Path(args.output) if args.output else (None if args.dataset else BUILTIN_OUTPUT)
     if target is not None and not target.exists():
         source = TraceSet.load(args.dataset) if args.dataset else load_builtin_trace_set()
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ..report.console import print_tables
     from . import display
     from .runner import Benchmark
 
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             progress.update(task, total=total)
 
         def finished(item) -> None:
-            progress.console.print(display.line(item), highlight=False)
+            progress.console.print(display.line(item), highlight=False, soft_wrap=True)
             progress.advance(task)
 
         bench = Benchmark(trace_set, config, on_start=started, on_result=finished)
@@ -118,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
                           "`opforge run --resume` with the same options goes on from there")
             return 130
     items = bench.result.traces + bench.result.skipped
-    for table in display.results_tables(items):
-        console.print(table)
+    print_tables(None, display.results_tables(items))
     failed = [t for t in bench.result.traces if not t.is_successful()]
     suspect = [t for t in bench.result.traces if t.is_successful() and t.evaluation.performance.suspect]
     console.print(f"{len(bench.result.traces) - len(failed)} passed, {len(failed)} failed, "

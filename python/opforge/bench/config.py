@@ -52,6 +52,8 @@ class Settings(BaseModel):
     host_timing: bool = Field(True, description="also time the host side of a call (no synchronize)")
     suspect_percent_of_peak: float = Field(110.0, gt=0, description="faster than this % of the copy "
                                            "calibration is flagged as suspect")
+    suspect_spread: float = Field(3.0, gt=1, description="a p90/p10 ratio of the timed calls above this is "
+                                  "flagged as suspect (a busy machine)")
 
     @model_validator(mode="after")
     def _tolerance_pair(self) -> "Settings":
@@ -82,7 +84,8 @@ class BenchmarkConfig(BaseModel):
     baseline: Optional[str] = Field("builtin", description='a solution name, "builtin" for the '
                                     "Definition's builtin solution, or null")
     resume: bool = False
-    isolate: bool = Field(False, description="a fresh worker process for every solution")
+    isolate: bool = Field(False, description="a fresh worker process for every evaluation (every solution "
+                          "always has worker processes of its own)")
     time_reference: bool = Field(True, description="time the reference for speedup_factor")
     max_elements: Optional[int] = Field(None, ge=1, description="skip workloads with a larger tensor "
                                         f"(default on a CPU: {CPU_MAX_ELEMENTS})")

@@ -100,7 +100,9 @@ def compare_outputs(definition, got, want, *, tolerance: Optional[tuple[float, f
     failures = []
     for name, g, w in zip(names, got, want):
         if not isinstance(g, torch.Tensor):
-            return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"{name}: returned {type(g).__name__}, not a tensor")
+            # A worker sends a non-tensor output as its type's name.
+            what = g if isinstance(g, str) else type(g).__name__
+            return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"{name}: returned {what}, not a tensor")
         if tuple(g.shape) != tuple(w.shape):
             return Check(EvaluationStatus.INCORRECT_SHAPE, log=f"{name}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
         if g.dtype != w.dtype:
@@ -144,10 +146,32 @@ class CallRecord:
     shared: list = field(default_factory=list)  # (output name, "input"|"output", other name)
     error: Optional[str] = None
 
-    def to_cpu(self) -> "CallRecord":
-        if self.outputs is not None:
-            self.outputs = tuple(o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in self.outputs)
-        return self
+    def to_wire(self) -> dict:
+        """Plain data and CPU tensors for the runner (see _wire); an output that is not a
+        tensor travels as its type's name."""
+        outputs = None if self.outputs is None else tuple(
+            o.detach().cpu() if isinstance(o, torch.Tensor) else type(o).__qualname__ for o in self.outputs)
+        return {"outputs": outputs, "changed": list(self.changed), "shared": [list(s) for s in self.shared],
+                "error": self.error}
+
+    @classmethod
+    def from_wire(cls, data) -> "CallRecord":
+        """The record a worker sent, checked field by field: ValueError for anything a real
+        worker does not send (the runner makes that the solution's failure)."""
+        if not isinstance(data, dict) or set(data) != {"outputs", "changed", "shared", "error"}:
+            raise ValueError(f"not a call record: {str(data)[:200]}")
+        outputs, changed, shared, error = data["outputs"], data["changed"], data["shared"], data["error"]
+        if outputs is not None and not (isinstance(outputs, tuple)
+                                        and all(isinstance(o, (torch.Tensor, str)) for o in outputs)):
+            raise ValueError("call record: outputs must be a tuple of tensors or type names")
+        if not (isinstance(changed, list) and all(isinstance(n, str) for n in changed)):
+            raise ValueError("call record: changed must be a list of input names")
+        if not (isinstance(shared, list) and all(isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) for x in s)
+                                                 for s in shared)):
+            raise ValueError("call record: shared must be a list of (output, kind, name)")
+        if error is not None and not isinstance(error, str):
+            raise ValueError("call record: error must be text")
+        return cls(outputs, changed, [tuple(s) for s in shared], error)
 
 
 def run_call(fn: Callable, definition, inputs: list, *, outputs: Optional[list] = None) -> CallRecord:

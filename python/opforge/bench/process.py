@@ -1,5 +1,7 @@
-"""The runner's side of a worker process (worker.py): start it, send a request with a timeout,
-notice when it died or hung, and hand back its log."""
+"""The runner's side of a worker process (worker.py): start it under its supervisor
+(supervisor.py), send a request with a timeout, notice when it died, hung or answered garbage,
+and hand back its log. Nothing the worker starts outlives it: stopping or killing a worker goes
+through the supervisor, which kills the worker's whole tree."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
 from . import _wire
+from .supervisor import kill_tree
 
 #: Seconds a new worker may take to import torch and opforge and answer its first request.
 START_TIMEOUT_S = 120.0
@@ -21,8 +25,9 @@ LOG_TAIL_CHARS = 4000
 
 
 class WorkerFailure(Exception):
-    """The worker died or did not answer in time; ``timed_out`` tells which, ``log`` what it
-    printed while serving the request."""
+    """The worker died, did not answer in time or answered something that is not a reply;
+    ``timed_out`` tells whether it was too slow, ``log`` what it printed while serving the
+    request."""
 
     def __init__(self, message: str, log: str, timed_out: bool):
         super().__init__(message)
@@ -46,8 +51,9 @@ class WorkerProcess:
         self.modules = list(modules)
         self.log_dir = Path(log_dir)
         self.starts = 0
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen] = None  # the supervisor
         self._conn: Optional[Connection] = None
+        self._lifeline: Optional[int] = None  # closing it (or our death) ends the supervisor
         self._log_path: Optional[Path] = None
 
     @property
@@ -62,20 +68,25 @@ class WorkerProcess:
         self.stop()
         self.starts += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._log_path = self.log_dir / f"worker-{self.device.replace(':', '')}-{os.getpid()}-{self.starts}.log"
+        self._log_path = self.log_dir / f"worker-{self.device.replace(':', '')}-{os.getpid()}-{id(self):x}-{self.starts}.log"
         ours, theirs = socket.socketpair()
+        lifeline_read, self._lifeline = os.pipe()
         env = dict(os.environ)
         # The worker imports the same opforge as this process, wherever that one came from.
         package_parent = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env["OPFORGE_WORKER_FDS"] = str(theirs.fileno())
+        spill = str(self.spill or "")
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device,
-                 json.dumps(self.modules), str(self.spill or "")],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
-                env=env, start_new_session=True)
+                [sys.executable, "-m", "opforge.bench.supervisor", str(lifeline_read), spill, "--",
+                 sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device,
+                 json.dumps(self.modules), spill],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(), lifeline_read), env=env, start_new_session=True)
         theirs.close()
+        os.close(lifeline_read)
         self._conn = Connection(ours.detach())
 
     def stop(self) -> None:
@@ -93,20 +104,27 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self._kill()
             self._proc = None
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def kill(self) -> None:
         """Kill the worker and anything it started, now (from any thread); a request waiting on
-        it fails."""
+        it fails. The supervisor does the killing (it sees orphans the worker left)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                proc.kill()
+                os.kill(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def _kill(self) -> None:
         self.kill()
-        self._proc.wait()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a supervisor that cannot answer: do its job from here
+            kill_tree(self._proc.pid, include_root=True)
+            self._proc.wait()
 
     def _log_since(self, offset: int) -> str:
         try:
@@ -118,32 +136,61 @@ class WorkerProcess:
         return text if len(text) <= LOG_TAIL_CHARS else "...\n" + text[-LOG_TAIL_CHARS:]
 
     def request(self, message: dict, timeout: float) -> dict:
-        """Send one request and wait for the reply. Raises WorkerFailure when the worker dies or
-        takes longer than ``timeout`` seconds (it is then killed); the next request starts a
-        new one. A reply saying the worker is no longer healthy also retires it."""
-        first = not self.alive
-        if first:
+        """Send one request and wait for the reply, a dict. Raises WorkerFailure when the worker
+        dies, takes longer than ``timeout`` seconds or answers with anything but a well-formed
+        dict (it is then killed); the next request starts a new one. A reply saying the worker
+        is no longer healthy also retires it. The reply gets ``printed`` (what the worker wrote
+        meanwhile) and ``wall_s`` (this process's clock from sending to the reply)."""
+        offset = 0
+        if not self.alive:
             self.start()
+            # The worker says it is ready once torch and opforge are imported and before any
+            # solution code is: the request's own timeout then bounds the solution's imports.
+            self._receive(START_TIMEOUT_S, offset, "starting")
         offset = self._log_path.stat().st_size if self._log_path.exists() else 0
-        limit = timeout + (START_TIMEOUT_S if first else 0.0)
+        started = time.perf_counter()
         try:
             self._conn.send_bytes(_wire.dumps(message, self.spill))
-            ready = self._conn.poll(limit)
-            reply = _wire.loads(self._conn.recv_bytes()) if ready else None
-        except (EOFError, OSError):
-            reply, ready = None, True
-        if reply is None:
-            if not ready:
-                self._kill()
-                log = self._log_since(offset)
-                self.stop()
-                raise WorkerFailure(f"no answer within {timeout:g} s; the worker was killed", log, True)
-            code = self._proc.wait(timeout=30) if self._proc else None
-            log = self._log_since(offset)
-            self.stop()
-            how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
-            raise WorkerFailure(f"the worker process died ({how})", log, False)
+        except OSError:
+            pass  # a worker that died says so below
+        reply = self._receive(timeout, offset, "")
+        wall_s = time.perf_counter() - started
         if reply.get("healthy") is False:
             self.stop()
         reply["printed"] = self._log_since(offset)
+        reply["wall_s"] = wall_s
         return reply
+
+    def _receive(self, timeout: float, offset: int, what: str) -> dict:
+        """The next message from the worker, a dict; WorkerFailure (the worker is then stopped)
+        when it dies, is silent for ``timeout`` seconds or sends anything else."""
+        malformed = None
+        try:
+            ready = self._conn.poll(timeout)
+            reply = self._conn.recv_bytes(_wire.MAX_MESSAGE_BYTES) if ready else None
+            if reply is not None:
+                reply = _wire.loads(reply, self.spill)
+                if not isinstance(reply, dict):
+                    raise _wire.WireError(f"a reply must be a dict, got {type(reply).__name__}")
+        except _wire.WireError as exc:
+            reply, malformed = None, str(exc)
+        except (EOFError, OSError) as exc:
+            reply, ready = None, True
+            # recv_bytes refuses an oversized message with OSError while the worker lives on.
+            malformed = f"{exc}" if self.alive and "message length" in str(exc) else None
+        if reply is not None:
+            return reply
+        prefix = f"while {what}: " if what else ""
+        if malformed is not None or not ready:
+            self._kill()
+            log = self._log_since(offset)
+            self.stop()
+            if malformed is not None:
+                raise WorkerFailure(f"{prefix}the worker answered with a malformed reply ({malformed}); "
+                                    "it was killed", log, False)
+            raise WorkerFailure(f"{prefix}no answer within {timeout:g} s; the worker was killed", log, True)
+        code = self._proc.wait(timeout=30) if self._proc else None
+        log = self._log_since(offset)
+        self.stop()
+        how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
+        raise WorkerFailure(f"{prefix}the worker process died ({how})", log, False)

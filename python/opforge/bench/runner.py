@@ -8,10 +8,14 @@ against the reference, timed and recorded as a Trace.
 
 Trust is split across processes. This process (the parent) never imports solution code: it
 draws the inputs from a recorded seed, runs the Definition's reference, and judges what the
-solutions did. Solutions are built, called and timed in a worker process per device (worker.py);
-a crash, an illegal memory access or a hang costs that worker (it is killed and restarted) and
-gives the solution RUNTIME_ERROR or TIMEOUT with its log. Devices run in parallel, one thread and
-one worker each, Definitions shared out between them.
+solutions did. Solutions are built, called and timed in worker processes (worker.py), one per
+solution and device (device.py), under supervisors that kill whatever a worker starts
+(supervisor.py); replies are decoded as plain data and tensors only (_wire.py) and checked
+field by field, so a malformed one is that solution's failure, never the run's. A crash, an
+illegal memory access or a hang costs that worker (it is killed and restarted) and gives the
+solution RUNTIME_ERROR or TIMEOUT with its log. A timing is checked against this process's
+clock and its spread (performance.py). Devices run in parallel, one thread each, Definitions
+shared out between them.
 
 Per workload: ``input_sets`` fresh input sets (seeds ``seed``, ``seed+1``, ...), each checked
 (poisoned outputs, input hashes, memory sharing, allclose; see evaluator.py); then the timing
@@ -26,11 +30,10 @@ Definition's builtin one).
 from __future__ import annotations
 
 import itertools
-import os
 import queue
+import random
 import shutil
 import tempfile
-import random
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -39,14 +42,18 @@ from typing import Callable, Optional
 
 import torch
 
-from ..trace import Correctness, Environment, Evaluation, EvaluationStatus, Performance, Trace
+from ..trace import Correctness, Evaluation, EvaluationStatus, Performance, Trace
 from ..trace.trace import utc_timestamp
 from .config import CPU_MAX_ELEMENTS, BenchmarkConfig, Settings
-from .evaluator import Check, judge
+from .device import Device, SetupError, make_spill_folder, resolve_devices
+from .evaluator import CallRecord, Check, judge
 from .inputs import generate_inputs
+from .performance import checked_timing, clock_problem, performance
 from .process import WorkerFailure, WorkerProcess
 
 S = EvaluationStatus
+#: Where a Trace's log goes on with what the worker printed.
+WORKER_OUTPUT = "--- worker output ---"
 
 
 @dataclass
@@ -78,45 +85,7 @@ def _failure_status(exc: WorkerFailure) -> EvaluationStatus:
 
 
 def _failure_log(exc: WorkerFailure, what: str) -> str:
-    return f"{what}: {exc}" + (f"\n--- worker output ---\n{exc.log}" if exc.log.strip() else "")
-
-
-class _Device:
-    """One device: its worker, calibration, environment, and the solutions built in the worker."""
-
-    def __init__(self, device: str, config: BenchmarkConfig, log_dir: Path, spill: Optional[Path]):
-        self.device = device
-        self.worker = WorkerProcess(device, config.modules, log_dir, spill)
-        self.environment: Optional[Environment] = None
-        self.calibration: Optional[dict] = None
-        self._built: dict[str, tuple[int, dict]] = {}  # solution name -> (worker start, reply)
-        self._loaded: Optional[tuple[int, int]] = None  # (worker start, case serial) it holds
-
-    def hello(self) -> None:
-        reply = self.worker.request({"op": "hello", "calibrate": True}, timeout=300)
-        self.environment = Environment(**reply["environment"])
-        self.calibration = reply["calibration"]
-
-    def build(self, solution, definition, timeout: float) -> dict:
-        """The build reply ({"ok": ...}), building again in a worker that restarted since."""
-        seen = self._built.get(solution.name)
-        if seen is not None and seen[0] == self.worker.starts and self.worker.alive:
-            return seen[1]
-        reply = self.worker.request({"op": "build", "solution": solution.to_dict(),
-                                     "definition": definition.to_dict()}, timeout=timeout)
-        self._built[solution.name] = (self.worker.starts, reply)
-        return reply
-
-    def load(self, case: "_Case", timeout: float) -> None:
-        """Send the case's input sets once; again only to a worker that restarted since."""
-        if self._loaded != (self.worker.starts, case.serial) or not self.worker.alive:
-            self.worker.request({"op": "load", "key": case.workload.uuid, "input_sets": case.sets}, timeout=timeout)
-            self._loaded = (self.worker.starts, case.serial)
-
-    def forget(self) -> None:
-        self.worker.stop()
-        self._built.clear()
-        self._loaded = None
+    return f"{what}: {exc}" + (f"\n{WORKER_OUTPUT}\n{exc.log}" if exc.log.strip() else "")
 
 
 class Benchmark:
@@ -140,47 +109,64 @@ class Benchmark:
         self.log_dir = Path(self.config.log_dir) if self.config.log_dir else root / "logs"
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._devices: list[_Device] = []
+        self._devices: list[Device] = []
+        self._modules_of: dict[str, list[str]] = {}  # solution name -> modules registering it
         self.result = RunResult()
 
     # --- what to run ------------------------------------------------------------------------
 
     def devices(self) -> list[str]:
-        if self.config.devices:
-            return list(self.config.devices)
-        if torch.cuda.is_available():
-            return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-        return ["cpu"]
+        """The devices of this run (SetupError for one that is not here)."""
+        return resolve_devices(self.config.devices)
 
     def definitions(self) -> list:
         ts = self.trace_set
         names = self.config.definitions or list(ts.definitions)
         unknown = [n for n in names if n not in ts.definitions]
         if unknown:
-            raise ValueError(f"no definition named {', '.join(unknown)} in the dataset")
+            raise SetupError(f"no definition named {', '.join(unknown)} in the dataset")
         return [ts.definitions[n] for n in names]
 
     def _discover(self) -> None:
-        """Add the Solutions registered by config.modules, found by a worker so that their code
-        is never imported here."""
-        if not self.config.modules:
-            return
-        worker = WorkerProcess("cpu", self.config.modules, self.log_dir)
-        try:
-            reply = worker.request({"op": "discover"}, timeout=600)
-        except WorkerFailure as exc:
-            raise RuntimeError(_failure_log(exc, "loading the solution modules failed")) from None
-        finally:
-            worker.stop()
-        if "error" in reply:
-            raise RuntimeError(f"loading the solution modules failed: {reply['error']}")
+        """Add the Solutions registered by config.modules, each module loaded by a worker of its
+        own so that their code is never imported here, and each later solution's worker loads
+        only the module that registered it."""
         from ..trace import Solution
 
-        for data in reply["solutions"]:
-            solution = Solution.from_dict(data)
-            if solution.definition in self.trace_set.definitions and \
-                    solution.name not in {s.name for g in self.trace_set.solutions.values() for s in g}:
-                self.trace_set.add_solution(solution)
+        settings = Settings.model_validate({**self.config.defaults.model_dump(), **self.config.overrides})
+        known = {s.name for group in self.trace_set.solutions.values() for s in group}
+        for module in self.config.modules:
+            worker = WorkerProcess("cpu", [module], self.log_dir)
+            try:
+                reply = worker.request({"op": "discover"}, timeout=settings.timeout_s)
+                solutions = [Solution.from_dict(data) for data in reply["solutions"]] if "error" not in reply else None
+            except WorkerFailure as exc:
+                tail = "\n".join(exc.log.strip().splitlines()[-10:])
+                raise SetupError(f"--module {module}: loading it failed: {exc}"
+                                 + (f"\n--- its output (last lines; all in {worker.log_path}) ---\n{tail}" if tail else "")) from None
+            except Exception as exc:  # a reply that is not a list of Solutions
+                raise SetupError(f"--module {module}: loading it gave no usable solutions: {type(exc).__name__}: {exc}") from None
+            finally:
+                worker.stop()
+            if solutions is None:
+                raise SetupError(f"--module {module}: {reply['error']} (the worker's log: {worker.log_path})")
+            for solution in solutions:
+                if solution.name in self._modules_of:
+                    raise SetupError(f"--module {module}: solution {solution.name!r} is also registered by "
+                                     f"{self._modules_of[solution.name][0]}")
+                self._modules_of[solution.name] = [module]
+                if solution.definition in self.trace_set.definitions and solution.name not in known:
+                    self.trace_set.add_solution(solution)
+
+    def _check_solution_names(self) -> None:
+        if self.config.solutions is None:
+            return
+        known = {s.name for d in self.definitions() for s in self.trace_set.get_solutions(d.name)}
+        unknown = [n for n in self.config.solutions if n not in known]
+        if unknown:
+            hint = ", ".join(sorted(known)[:8]) + (" ..." if len(known) > 8 else "")
+            raise SetupError(f"no solution named {', '.join(unknown)} for the chosen definitions"
+                             + (f" (there are: {hint})" if known else ""))
 
     def solutions_for(self, definition) -> list:
         chosen = self.trace_set.get_solutions(definition.name)
@@ -213,8 +199,10 @@ class Benchmark:
 
     def run_all(self) -> list[Trace]:
         """Evaluate everything (see the module doc); returns the new Traces, which are also added
-        to the TraceSet."""
+        to the TraceSet. SetupError when the run cannot start as asked."""
+        devices = self.devices()
         self._discover()
+        self._check_solution_names()
         jobs = self.plan()
         if self.on_start:
             self.on_start(sum(len(todo) for _, rows in jobs for _, todo in rows))
@@ -223,11 +211,11 @@ class Benchmark:
             pending.put(job)
         errors = []
 
-        spill = Path(tempfile.mkdtemp(prefix="opforge-run-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        spill = make_spill_folder()
         self._stopping.clear()
 
         def drive(device: str) -> None:
-            dev = _Device(device, self.config, self.log_dir, spill)
+            dev = Device(device, self._modules_of, self.log_dir, spill, isolate=self.config.isolate)
             with self._lock:
                 self._devices.append(dev)
             try:
@@ -236,14 +224,17 @@ class Benchmark:
                         definition, rows = pending.get_nowait()
                     except queue.Empty:
                         return
-                    self._run_definition(dev, definition, rows)
+                    try:
+                        self._run_definition(dev, definition, rows)
+                    finally:
+                        dev.forget()  # the Definition's solutions are done: their workers go
             except BaseException as exc:  # noqa: BLE001 - reported after the other devices finish
                 if not self._stopping.is_set():
                     errors.append(exc)
             finally:
                 dev.forget()
 
-        threads = [threading.Thread(target=drive, args=(d,), name=f"opforge-bench-{d}") for d in self.devices()]
+        threads = [threading.Thread(target=drive, args=(d,), name=f"opforge-bench-{d}") for d in devices]
         for t in threads:
             t.start()
         try:
@@ -257,7 +248,7 @@ class Benchmark:
             raise
         finally:
             self._devices.clear()
-        shutil.rmtree(spill, ignore_errors=True)
+            shutil.rmtree(spill, ignore_errors=True)
         if self.persist and self.result.traces:
             self._save()
         if errors:
@@ -272,7 +263,7 @@ class Benchmark:
             with self._lock:
                 devices = list(self._devices)
             for dev in devices:
-                dev.worker.kill()
+                dev.kill()
 
     def _save(self) -> None:
         if self.trace_set.single_file is not None or self._appends:
@@ -297,7 +288,7 @@ class Benchmark:
         if self.on_result:
             self.on_result(item)
 
-    def _run_definition(self, dev: _Device, definition, rows) -> None:
+    def _run_definition(self, dev: Device, definition, rows) -> None:
         settings = self.config.settings_for(definition)
         if dev.calibration is None:
             dev.hello()
@@ -325,68 +316,94 @@ class Benchmark:
             if self.config.time_reference:
                 case.reference_ms = self._reference_latency(dev, definition, case, settings)
             case.baseline = baseline
-            case.baseline_ms = self._baseline_latency(definition, workload, baseline, dev)
+            case.baseline_ms, case.baseline_earlier = self._earlier_baseline(definition, workload, baseline, dev)
             for solution in solutions:
                 if self._stopping.is_set():
                     return
                 self._emit(self._evaluate(dev, definition, solution, case, settings))
-                if self.config.isolate:
-                    dev.forget()
+                dev.done_with(solution.name)
 
-    def _baseline_latency(self, definition, workload, baseline: Optional[str], dev: _Device) -> Optional[float]:
-        """The baseline's latency on this workload from earlier traces on the same hardware
-        (used when it is not evaluated in this run, e.g. with resume)."""
+    def _earlier_baseline(self, definition, workload, baseline: Optional[str],
+                          dev: Device) -> tuple[Optional[float], Optional[dict]]:
+        """The baseline's latency on this workload from the last believable earlier trace on the
+        same hardware, and when and with which seed it was timed (used when the baseline is not
+        evaluated in this run, e.g. with resume; the Traces say so)."""
         if baseline is None:
-            return None
+            return None, None
         earlier = [t for t in self.trace_set.traces[definition.name]
                    if t.solution == baseline and t.workload.uuid == workload.uuid and t.is_successful()
+                   and t.evaluation.performance is not None and t.evaluation.performance.suspect is None
                    and t.evaluation.environment.hardware == dev.environment.hardware]
-        return earlier[-1].evaluation.performance.latency_ms if earlier else None
+        if not earlier:
+            return None, None
+        ev = earlier[-1].evaluation
+        return ev.performance.latency_ms, {"timestamp": ev.timestamp, "seed": ev.seed}
 
-    def _reference_latency(self, dev: _Device, definition, case: "_Case", settings: Settings) -> float:
+    def _reference_latency(self, dev: Device, definition, case: "_Case", settings: Settings) -> float:
         from ..registry import reference_solution
 
         reference = reference_solution(definition)
         try:
-            if not dev.build(reference, definition, settings.build_timeout_s).get("ok"):
+            if _reply_field(dev.build(reference, definition, settings.build_timeout_s), "ok", bool) is not True:
                 return 0.0
-            dev.load(case, settings.timeout_s)
-            reply = dev.worker.request({"op": "time", "solution": reference.name,
-                                        "settings": settings.model_dump()}, timeout=settings.timeout_s)
-        except WorkerFailure:
+            dev.load(reference.name, case, settings.timeout_s)
+            reply = dev.request(reference.name, {"op": "time", "solution": reference.name,
+                                                 "settings": settings.model_dump()}, timeout=settings.timeout_s)
+            return checked_timing(reply.get("timing"), settings)["median_ms"]
+        except (WorkerFailure, ValueError):
             return 0.0
-        return reply["timing"]["median_ms"] if "timing" in reply else 0.0
 
     # --- one evaluation -----------------------------------------------------------------------
 
-    def _evaluate(self, dev: _Device, definition, solution, case: "_Case", settings: Settings):
+    def _evaluate(self, dev: Device, definition, solution, case: "_Case", settings: Settings):
         label = definition.workload_label(case.workload.axes)
         try:
             reply = dev.build(solution, definition, settings.build_timeout_s)
+            ok = _reply_field(reply, "ok", bool)
+            if not ok:
+                kind, log = _reply_field(reply, "kind", str), _reply_field(reply, "log", str)
         except WorkerFailure as exc:
             status = S.TIMEOUT if exc.timed_out else S.COMPILE_ERROR
             return case.trace(solution, dev, status, _failure_log(exc, "build"))
-        if not reply["ok"]:
-            if reply["kind"] == "UNSUPPORTED":
-                return Skipped(definition.name, solution.name, label, reply["log"])
-            return case.trace(solution, dev, S.COMPILE_ERROR, f"{reply['kind']}: {reply['log']}")
+        except ValueError as exc:
+            dev.retire(solution.name)
+            return case.trace(solution, dev, S.RUNTIME_ERROR, f"build: {exc}")
+        if not ok:
+            if kind == "UNSUPPORTED":
+                return Skipped(definition.name, solution.name, label, log)
+            return case.trace(solution, dev, S.COMPILE_ERROR, f"{kind}: {log}")
         try:
             correctness = case.check(dev, solution, None, settings, what="check")
-            reply = dev.worker.request({"op": "time", "solution": solution.name, "settings": settings.model_dump()},
-                                       timeout=settings.timeout_s)
+            reply = dev.request(solution.name, {"op": "time", "solution": solution.name,
+                                                "settings": settings.model_dump()}, timeout=settings.timeout_s)
             if "error" in reply:
                 raise _Failed(S.RUNTIME_ERROR, f"while timing: {reply['error']}")
-            timing = reply["timing"]
+            try:
+                timing = checked_timing(reply.get("timing"), settings)
+            except ValueError as exc:
+                dev.retire(solution.name)
+                raise _Failed(S.RUNTIME_ERROR, f"while timing: the worker's reply is not a timing: {exc}") from None
+            clock = clock_problem(timing, reply["wall_s"], settings, cuda=dev.device != "cpu")
             after = case.check(dev, solution, [case.fresh], settings, what="after timing, on a fresh input set")
         except WorkerFailure as exc:
             return case.trace(solution, dev, _failure_status(exc), _failure_log(exc, "running the solution"))
         except _Failed as failed:
             return case.trace(solution, dev, failed.status, failed.log, correctness=failed.correctness)
         correctness = _merge(correctness, after)
-        if solution.name == case.baseline:
-            case.baseline_ms = timing["median_ms"]
-        return case.trace(solution, dev, S.PASSED, "", correctness=correctness,
-                          performance=case.performance(timing, dev, settings))
+        perf = case.performance(timing, dev, settings, clock)
+        if solution.name == case.baseline:  # a suspect time is no baseline
+            case.baseline_ms = perf.latency_ms if perf.suspect is None else None
+            case.baseline_earlier = None
+            perf = case.performance(timing, dev, settings, clock)  # against itself now
+        return case.trace(solution, dev, S.PASSED, "", correctness=correctness, performance=perf)
+
+
+def _reply_field(reply: dict, key: str, kind: type):
+    """``reply[key]`` when it has the type a real worker sends; ValueError otherwise."""
+    value = reply.get(key)
+    if not isinstance(value, kind):
+        raise ValueError(f"the worker's reply has {key} = {str(value)[:80]!r}, not a {kind.__name__}")
+    return value
 
 
 def _merge(a: Correctness, b: Correctness) -> Correctness:
@@ -415,9 +432,10 @@ class _Case:
         self.reference_ms = 0.0
         self.baseline: Optional[str] = None
         self.baseline_ms: Optional[float] = None
+        self.baseline_earlier: Optional[dict] = None  # when the baseline was timed in an earlier run
 
     @classmethod
-    def prepare(cls, runner: Benchmark, dev: _Device, definition, workload, settings: Settings) -> "_Case":
+    def prepare(cls, runner: Benchmark, dev: Device, definition, workload, settings: Settings) -> "_Case":
         seed = (runner.seed + zlib.crc32(workload.uuid.encode())) % 2**31
         case = cls(runner, definition, workload, seed)
         reference = definition.reference_fn()
@@ -432,20 +450,31 @@ class _Case:
         case.sets, case.fresh = all_sets[:-1], all_sets[-1]
         return case
 
-    def check(self, dev: _Device, solution, sets: Optional[list], settings: Settings, *, what: str) -> Correctness:
+    def check(self, dev: Device, solution, sets: Optional[list], settings: Settings, *, what: str) -> Correctness:
         """Check the solution on ``sets`` (None: the case's own sets, loaded in the worker once)."""
         if sets is None:
-            dev.load(self, settings.timeout_s)
-        reply = dev.worker.request({"op": "check", "solution": solution.name, "input_sets": sets},
-                                   timeout=settings.timeout_s)
+            dev.load(solution.name, self, settings.timeout_s)
+        reply = dev.request(solution.name, {"op": "check", "solution": solution.name, "input_sets": sets},
+                            timeout=settings.timeout_s)
         sets = self.sets if sets is None else sets
+        try:
+            records = reply.get("records")
+            if not isinstance(records, list):
+                raise ValueError(f"no call records: {str(reply.get('error', ''))[:2000]}")
+            records = [CallRecord.from_wire(r) for r in records]
+            # One record per set; fewer only when the last call raised.
+            if not (len(records) == len(sets) or (0 < len(records) < len(sets) and records[-1].error is not None)):
+                raise ValueError(f"{len(records)} call records for {len(sets)} input sets")
+        except ValueError as exc:
+            dev.retire(solution.name)
+            raise _Failed(S.RUNTIME_ERROR, f"{what}: the worker's reply is malformed: {exc}") from None
         verdicts: list[Check] = []
-        for k, (inputs, record) in enumerate(zip(sets, reply["records"])):
+        for k, (inputs, record) in enumerate(zip(sets, records)):
             verdict = judge(self.definition, record, self.references[id(inputs)], tolerance=settings.tolerance)
             if not verdict.passed:
                 log = f"{what} (input set {k + 1} of {len(sets)}): {verdict.log}"
                 if reply.get("printed", "").strip():
-                    log += f"\n--- worker output ---\n{reply['printed']}"
+                    log += f"\n{WORKER_OUTPUT}\n{reply['printed']}"
                 raise _Failed(verdict.status, log, verdict.correctness)
             verdicts.append(verdict)
         merged = verdicts[0].correctness
@@ -454,39 +483,14 @@ class _Case:
             merged = _merge(merged, v.correctness)
         return merged
 
-    def performance(self, timing: dict, dev: _Device, settings: Settings) -> Performance:
-        definition, axes = self.definition, self.definition.full_axis_values(self.workload.axes)
-        latency = timing["median_ms"]
-        nbytes = definition.bytes_moved(axes)
-        flops = definition.flop_count(axes)
-        gbps = nbytes / (latency * 1e6) if latency > 0 else None
-        calibrated = dev.calibration["gbps"]
-        percent = 100.0 * gbps / calibrated if gbps is not None else None
-        suspect = None
-        if latency <= 0:
-            suspect = "no measurable time: the timer did not see the solution's work"
-        elif percent is not None and percent > settings.suspect_percent_of_peak:
-            floor_ms = nbytes / (calibrated * 1e6)
-            suspect = (f"faster than the physical floor: {latency * 1e3:.2f} us for {nbytes / 1e6:.3g} MB is "
-                       f"{percent:.0f}% of the {calibrated:.0f} GB/s copy bandwidth (floor {floor_ms * 1e3:.2f} us); "
-                       "work the events did not see (another stream?) or outputs not computed")
-        timing = dict(timing, bytes=nbytes, floor_ms=nbytes / (calibrated * 1e6))
-        return Performance(
-            latency_ms=latency,
-            reference_latency_ms=self.reference_ms,
-            speedup_factor=self.reference_ms / latency if self.reference_ms and latency > 0 else 0.0,
-            achieved_gbps=gbps,
-            achieved_tflops=flops / (latency * 1e9) if flops is not None and latency > 0 else None,
-            percent_of_peak=percent,
-            calibrated_gbps=calibrated,
-            baseline_solution=self.baseline if self.baseline_ms else None,
-            baseline_latency_ms=self.baseline_ms,
-            baseline_speedup_factor=self.baseline_ms / latency if self.baseline_ms and latency > 0 else None,
-            suspect=suspect,
-            timing=timing,
-        )
+    def performance(self, timing: dict, dev: Device, settings: Settings, clock: Optional[str]) -> Performance:
+        if self.baseline_earlier is not None:
+            timing = dict(timing, baseline_earlier=self.baseline_earlier)
+        return performance(self.definition, self.definition.full_axis_values(self.workload.axes), timing,
+                           dev.calibration, settings, reference_ms=self.reference_ms, baseline=self.baseline,
+                           baseline_ms=self.baseline_ms, clock=clock)
 
-    def trace(self, solution, dev: _Device, status: EvaluationStatus, log: str, *,
+    def trace(self, solution, dev: Device, status: EvaluationStatus, log: str, *,
               correctness: Optional[Correctness] = None, performance: Optional[Performance] = None) -> Trace:
         evaluation = Evaluation(status=status, environment=dev.environment, timestamp=utc_timestamp(), log=log,
                                 correctness=correctness, performance=performance,

@@ -43,10 +43,13 @@ from typing import Callable, Optional
 
 import torch
 
-#: Calls replayed per graph launch when timing a captured CUDA graph.
+#: Calls replayed per graph launch when timing a captured CUDA graph, and how many launches.
 GRAPH_CALLS = 20
-
-
+GRAPH_REPEATS = 5
+#: The shortest spin queued ahead of a timed call (more when the call's host cost is higher).
+MIN_LEAD_US = 20.0
+#: Calls of each loop without the spin lead (it looks for short hidden work).
+BARE_ITERATIONS = 20
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -109,7 +112,7 @@ def _host_ms(call: Callable, arg_sets: list, cuda: bool, k: int = 10) -> float:
 
 
 def graph_ms_per_call(call: Callable, args: list, *, calls: int = GRAPH_CALLS, replays: int = 1,
-                      repeats: int = 5) -> float:
+                      repeats: int = GRAPH_REPEATS) -> float:
     """Device ms per call of ``calls`` calls captured in one CUDA graph, replayed ``replays``
     times back to back (median of ``repeats``)."""
     side = torch.cuda.Stream()
@@ -161,7 +164,7 @@ def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, m
     marker = torch.zeros(1, device=device)
     tiny = marker.zero_
     # Enough spin for the host to enqueue the call (twice its host cost, at least 20 us).
-    lead_us = min(max(2e3 * host_ms, 20.0), 20_000.0)
+    lead_us = min(max(2e3 * host_ms, MIN_LEAD_US), 20_000.0)
     cycles = int(lead_us * sleep_cycles_per_us(device))
 
     def timed(fn, args, events, lead: bool) -> None:
@@ -202,7 +205,7 @@ def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, m
     # Work left running on other streams shows as a longer end -> after-sync than the empty
     # call's: with the spin lead when it outlasts the stream's own work, without it (the work
     # then starts after the start event) when it is short.
-    span_b, tail_b, empty_tail_b, excess_b = loop(min(iterations, 20), False, max_time_s / 4)
+    span_b, tail_b, empty_tail_b, excess_b = loop(min(iterations, BARE_ITERATIONS), False, max_time_s / 4)
     result["sync_excess_ms"] = max(excess, excess_b, 0.0)
     lead_bar = max(0.005, 0.5 * result["median_ms"])
     bare_bar = max(0.01, result["median_ms"])  # tails vary more without the spin: a higher bar
@@ -215,7 +218,7 @@ def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, m
             result["method"] = "cuda_events+device_synchronize"
         result["sync_excess_ms"] = max(min(excess, excess2), excess_b, 0.0)
     if result["method"] == "cuda_events" and excess_b > bare_bar:
-        span2, tail2, empty_tail2, excess2 = loop(min(iterations, 20), False, max_time_s / 4)
+        span2, tail2, empty_tail2, excess2 = loop(min(iterations, BARE_ITERATIONS), False, max_time_s / 4)
         if excess2 > bare_bar:
             result.update(_stats([s + t - empty_tail2 for s, t in zip(span2, tail2)]))
             result["method"] = "cuda_events+device_synchronize, no lead"

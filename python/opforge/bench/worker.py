@@ -1,11 +1,18 @@
 """The worker process: the only place solution code is imported and run.
 
 Started by the runner as ``python -m opforge.bench.worker FD DEVICE MODULES_JSON [SPILL_DIR]`` with
-one end of a socket pair on FD and its stdout/stderr going to a log file. It answers one request at a time
-(dicts, see ``Worker.handle``); requests carry inputs, never reference outputs, and replies carry
-what each call did (``CallRecord``) for the runner to judge. A segfault or an illegal memory
-access kills only this process: the runner sees the socket close, reads the log and starts
-another.
+one end of a socket pair on FD and its stdout/stderr going to a log file, under a supervisor
+(supervisor.py) that kills whatever it leaves behind. It answers one request at a time (dicts,
+see ``Worker.handle``; the format is _wire's, which carries only plain data and tensors);
+requests carry inputs, never reference outputs, and replies carry what each call did
+(``CallRecord``) for the runner to judge. A segfault or an illegal memory access kills only this
+process: the runner sees the socket close, reads the log and starts another.
+
+The runner gives every solution a worker of its own, so what a solution does to this process
+(patching torch, the timer, this module) reaches no other solution's results. Its own timing
+is checked against the runner's clock (runner.py); the handlers and timer are also bound here
+before any solution code is imported, so replacing ``time_cuda`` or a handler on this module
+or class later changes nothing.
 """
 
 from __future__ import annotations
@@ -108,12 +115,15 @@ class Worker:
         self.loaded_modules = False
         self.runnables = {}
         self.key, self.sets = None, []  # the loaded workload's input sets (CPU)
+        # Bound now, before any solution code runs (see the module doc).
+        self._timer = time_cuda if self.device.type == "cuda" else time_cpu
+        self._handlers = {name[len("_op_"):]: getattr(self, name) for name in dir(self) if name.startswith("_op_")}
 
     # --- requests ---------------------------------------------------------------------------
 
     def handle(self, request: dict) -> dict:
         op = request["op"]
-        return getattr(self, f"_op_{op}")(**{k: v for k, v in request.items() if k != "op"})
+        return self._handlers[op](**{k: v for k, v in request.items() if k != "op"})
 
     def _op_hello(self, calibrate: bool = False) -> dict:
         reply = {"environment": environment(self.device)}
@@ -129,10 +139,17 @@ class Worker:
             self.loaded_modules = True
 
     def _op_discover(self) -> dict:
-        """The Solutions that the modules register (their code stays in this process)."""
+        """The Solutions that the modules register (their code stays in this process). A module
+        that fails to load is said in one line (the traceback goes to the log)."""
         from ..registry import BACKENDS
 
-        self._load_modules()
+        try:
+            self._load_modules()
+        except Exception as exc:
+            traceback.print_exc()
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+            return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{where}"}
         return {"solutions": [s.to_dict() for s in BACKENDS]}
 
     def _op_build(self, solution: dict, definition: dict) -> dict:
@@ -178,7 +195,7 @@ class Worker:
             inputs = self._to_device(cpu_inputs)
             call, args = self._call_and_args(runnable, inputs)
             record = run_call(call, runnable.definition, inputs, outputs=args[len(inputs):] or None)
-            records.append(record.to_cpu())
+            records.append(record.to_wire())
             if record.error is not None:
                 return {"records": records, "healthy": self._healthy()}
         return {"records": records, "healthy": True}
@@ -189,10 +206,9 @@ class Worker:
         for cpu_inputs in self.sets:
             call, args = self._call_and_args(runnable, self._to_device(cpu_inputs))
             arg_sets.append(args)
-        timer = time_cuda if self.device.type == "cuda" else time_cpu
         keys = ("warmup", "iterations", "max_time_s", "flush_l2", "cuda_graph", "host_timing")
         try:
-            timing = timer(call, arg_sets, **{k: settings[k] for k in keys})
+            timing = self._timer(call, arg_sets, **{k: settings[k] for k in keys})
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}\n{''.join(traceback.format_exc(limit=-4))}",
                     "healthy": self._healthy()}
@@ -212,7 +228,7 @@ class Worker:
 def serve(conn: Connection, worker: Worker, spill=None) -> None:
     while True:
         try:
-            request = _wire.loads(conn.recv_bytes())
+            request = _wire.loads(conn.recv_bytes(), spill)
         except EOFError:
             return
         if request.get("op") == "exit":
@@ -221,7 +237,11 @@ def serve(conn: Connection, worker: Worker, spill=None) -> None:
             reply = worker.handle(request)
         except Exception as exc:  # a request the worker itself could not serve
             reply = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-6)}", "healthy": False}
-        conn.send_bytes(_wire.dumps(reply, spill))
+        try:
+            message = _wire.dumps(reply, spill)
+        except TypeError as exc:  # what the solution returned cannot be sent: its failure, said plainly
+            message = _wire.dumps({"error": f"the result cannot be sent to the runner: {exc}", "healthy": False})
+        conn.send_bytes(message)
         sys.stdout.flush()
         sys.stderr.flush()
         if reply.get("healthy") is False:
@@ -235,7 +255,9 @@ def main(argv=None) -> int:
     faulthandler.enable(all_threads=True)  # a segfault leaves its Python stack in the log
     conn = Connection(fd)
     with torch.no_grad():
-        serve(conn, Worker(device, modules), spill)
+        worker = Worker(device, modules)
+        conn.send_bytes(_wire.dumps({"ready": True}))  # no solution code has run yet
+        serve(conn, worker, spill)
     return 0
 
 

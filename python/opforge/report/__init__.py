@@ -12,7 +12,7 @@ command line: ``opforge report summary|best|html`` (see report/cli.py).
     print_summary(summarize(ts, definitions=["rmsnorm_*"]))
     write_html(ts, "report.html")
 
-The HTML report needs matplotlib: ``pip install 'opforge[report]'``.
+The HTML report draws its plots with matplotlib (a dependency of opforge).
 """
 
 from .best import BestRow, best, best_of

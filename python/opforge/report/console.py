@@ -42,7 +42,9 @@ def _footnote(table: Table, rows, mean: bool) -> None:
         table.caption = fmt.earlier_note(runs, mean)
 
 
-def _print(console: Optional[Console], tables: Sequence[Table]) -> None:
+def print_tables(console: Optional[Console], tables: Sequence[Table]) -> None:
+    """Print the tables that have rows, on ``console`` or on stdout at a width that keeps each
+    row whole when stdout is not a terminal."""
     tables = [t for t in tables if t.row_count]
     if console is None:
         console = Console()
@@ -74,7 +76,7 @@ def print_summary(rows: Sequence[SummaryRow], console: Optional[Console] = None)
                       _vs_baseline(r), _text(r.suspect or "", "yellow" if r.suspect else ""),
                       *((_text(", ".join(r.hardware)),) if per_row else ()))
     _footnote(table, rows, mean=True)
-    _print(console, [table])
+    print_tables(console, [table])
 
 
 def print_best(rows: Sequence[BestRow], console: Optional[Console] = None) -> None:
@@ -101,4 +103,4 @@ def print_best(rows: Sequence[BestRow], console: Optional[Console] = None) -> No
                                  _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
     _footnote(per_workload, [r for r in rows if not r.overall], mean=False)
     _footnote(overall, [r for r in rows if r.overall], mean=True)
-    _print(console, [per_workload, overall])
+    print_tables(console, [per_workload, overall])

@@ -352,7 +352,7 @@ def write_html(trace_set: TraceSet, path: Union[str, Path] = "report.html", defi
     """Write the report to ``path`` as one self-contained HTML file: a header (hardware,
     libraries, time range of the runs), the summary table, and per definition the latency (with
     p10-p90 bars) and bandwidth plots, a status matrix (solutions x workloads) and the best solution per workload.
-    Filters as in ``summarize``. Needs matplotlib (``pip install 'opforge[report]'``)."""
+    Filters as in ``summarize``. Draws its plots with matplotlib."""
     text = render_html(trace_set, definitions, solutions, hardware, title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Plots of the HTML report, drawn with matplotlib into SVG text.
 
-matplotlib is an optional dependency (``pip install 'opforge[report]'``), imported only when a
-plot is drawn. Figures are made with matplotlib.figure.Figure directly rather than pyplot, so
+matplotlib (a dependency of opforge) is imported only when a plot is drawn, so the rest of the
+report and the runner start without it. Figures are made with matplotlib.figure.Figure directly rather than pyplot, so
 no GUI backend is picked and no global figure state is touched.
 """
 
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Sequence
 
-INSTALL_HINT = "pip install 'opforge[report]'"
+INSTALL_HINT = "pip install matplotlib"
 
 #: Longest solution name shown in a legend; the tables next to the plot have the full names.
 _LEGEND_CHARS = 40
@@ -36,7 +36,8 @@ class Series:
 
 
 def require_matplotlib():
-    """matplotlib's Figure class; ImportError naming the extra to install when it is missing."""
+    """matplotlib's Figure class; ImportError saying what to install in an environment that
+    lost it."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:

@@ -1,0 +1,164 @@
+"""The keeper of one worker process: nothing a worker starts may outlive it, or the run.
+
+    python -m opforge.bench.supervisor LIFELINE_FD SPILL_DIR -- WORKER COMMAND...
+
+Started by the runner (process.py) between itself and a worker; it runs no solution code and
+imports nothing but the standard library. It makes itself a child subreaper (Linux), so every
+process the worker's solutions start, even in a new session or after a double fork, stays in its
+tree when its parent dies. When the worker ends (exit, crash, a kill), or the runner asks
+(SIGTERM), or the runner dies (the lifeline pipe, whose write end only the runner holds, reads
+EOF), it kills its whole tree, reaps it, and exits with the worker's status (a worker killed by a
+signal makes it die by the same signal, so the runner can say which). When the runner died, it
+also removes the run's spill folder in /dev/shm.
+
+What it cannot stop: a process of the same user that kills the supervisor itself first. Closing
+that needs a separate user or a PID namespace per worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``, from /proc (Linux)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1 and fields[0] != b"Z" and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def descendants_of(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = children_of(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(root: int, include_root: bool = False, reap: Callable[[], None] = lambda: None) -> None:
+    """SIGKILL every live descendant of ``root`` (and ``root``), again until none is left: a
+    process may fork while the sweep runs. ``reap`` collects the dead where they are our
+    children (zombies are not counted as alive)."""
+    for _ in range(200):
+        pids = descendants_of(root) + ([root] if include_root and pid_alive(root) else [])
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        reap()
+        if not pids:
+            return
+        time.sleep(0.005)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        pass
+    return True
+
+
+class _Children:
+    """Reaps finished children (adopted orphans included: they are our children now) and keeps
+    the worker's exit status."""
+
+    def __init__(self, worker: int):
+        self.worker, self.code = worker, None
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.worker:
+                self.code = os.waitstatus_to_exitcode(status)
+
+
+class _Stop(Exception):
+    pass
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    lifeline, spill = int(argv[0]), argv[1]
+    command = argv[argv.index("--") + 1:]
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing worker leaves no core file behind
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+    def stop(signum, frame):
+        raise _Stop()
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # held until the wait below
+    signal.signal(signal.SIGTERM, stop)
+    keep = [int(fd) for fd in os.environ.pop("OPFORGE_WORKER_FDS", "").split(",") if fd]
+    children = _Children(subprocess.Popen(command, pass_fds=keep, stdin=subprocess.DEVNULL, preexec_fn=lambda: (
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))).pid)
+    for fd in keep:
+        os.close(fd)
+    runner_gone = False
+    try:  # the runner's SIGTERM ends this wait
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        while children.code is None:
+            readable, _, _ = select.select([lifeline], [], [], 0.1)
+            if readable and not os.read(lifeline, 1):
+                runner_gone = True
+                break
+            children.reap()
+    except _Stop:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kill_tree(os.getpid(), reap=children.reap)
+    code = -signal.SIGKILL if children.code is None else children.code
+    if runner_gone and spill:
+        shutil.rmtree(spill, ignore_errors=True)
+    if code < 0:
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
