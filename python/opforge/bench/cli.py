@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             progress.stop()
             console.print(f"interrupted: {len(bench.result.traces)} traces recorded in {where}; "
-                          "`opforge run --resume` with the same options goes on from there")
+                          "`opforge run --resume` with the same options goes on from there", soft_wrap=True)
             return 130
     items = bench.result.traces + bench.result.skipped
     print_tables(None, display.results_tables(items))
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     suspect = [t for t in bench.result.traces if t.is_successful() and t.evaluation.performance.suspect]
     console.print(f"{len(bench.result.traces) - len(failed)} passed, {len(failed)} failed, "
                   f"{len(bench.result.skipped)} skipped, {len(suspect)} suspect timings; seed {bench.seed}; "
-                  f"traces in {where}")
+                  f"traces in {where}", soft_wrap=True, highlight=False)
     return 1 if failed else 0
 
 
