@@ -149,6 +149,11 @@ def main(argv=None) -> int:
     except _Stop:
         pass
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if children.code is None:  # the worker first, also where there is no /proc to walk
+        try:
+            os.kill(children.worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     kill_tree(os.getpid(), reap=children.reap)
     code = -signal.SIGKILL if children.code is None else children.code
     if runner_gone and spill:
