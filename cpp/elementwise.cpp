@@ -1,7 +1,6 @@
 // Bindings of the element-wise ops (scale, silu/gelu/gelu_tanh_and_mul) and their CPU versions.
 // The CUDA kernels are in cuda/scale.cu and cuda/activation.cu.
 #include <cmath>
-#include <optional>
 
 #include "activation.h"
 #include "cpu_kernels.h"
@@ -42,13 +41,15 @@ void act_and_mul_cpu(const cuda::ActMulParams& p) {
   }
 }
 
-void scale(Array out, Array input, double factor, uintptr_t stream, bool launch) {
+void scale(nb::handle out_obj, nb::handle input_obj, double factor, uintptr_t stream, bool launch) {
   const OpContext ctx{"scale"};
-  const RowView x = row_view(ctx, input, "x");
+  const TensorArg input = tensor_arg(ctx, input_obj, "x");
+  const RowView x = row_view(ctx, input);
   check_device_supported(ctx, x);
-  const RowView o = row_view(ctx, out, "out");
+  const TensorArg out = tensor_arg(ctx, out_obj, "out");
+  const RowView o = row_view(ctx, out);
   check_same_dtype_device(ctx, x, o);
-  check_same_shape(ctx, input, "x", out, "out");
+  check_same_shape(ctx, input, out);
   check_writable_rows(ctx, o);
   check_alias(ctx, o, x, true);
 
@@ -64,11 +65,12 @@ void scale(Array out, Array input, double factor, uintptr_t stream, bool launch)
   if (!launch || x.numel() == 0) return;  // launch=false: validate only
   if (!x.is_cuda()) {
     cpu::run_cpu(p.dtype, x.numel(), [&](auto tag) { scale_cpu<decltype(tag)>(p); });
-    return;
-  }
+  } else {
 #ifdef OPFORGE_WITH_CUDA
-  check_launch(ctx, cuda::launch_scale(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
+    check_launch(ctx, cuda::launch_scale(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
 #endif
+  }
+  mark_written({out_obj});
 }
 
 const char* act_op_name(Activation act) {
@@ -79,18 +81,20 @@ const char* act_op_name(Activation act) {
   }
 }
 
-void act_and_mul(Array out, Array input, int act_code, uintptr_t stream, bool launch) {
+void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr_t stream, bool launch) {
   if (act_code < 0 || act_code > 2) throw_value_error("opforge: unknown activation code " + std::to_string(act_code));
   const auto act = static_cast<Activation>(act_code);
   const OpContext ctx{act_op_name(act)};
-  check_has_rows(ctx, input, "input");
-  const RowView x = row_view(ctx, input, "input");
+  const TensorArg input = tensor_arg(ctx, input_obj, "input");
+  check_has_rows(ctx, input);
+  const RowView x = row_view(ctx, input);
   check_device_supported(ctx, x);
   if (x.cols % 2 != 0) {
     throw_value_error(std::string("opforge.") + ctx.op + ": input has shape " + shape_string(input) +
                       "; its last dimension holds [x, gate] and must be even");
   }
-  const RowView o = row_view(ctx, out, "out");
+  const TensorArg out = tensor_arg(ctx, out_obj, "out");
+  const RowView o = row_view(ctx, out);
   check_same_dtype_device(ctx, x, o);
   bool shape_ok = out.ndim() == input.ndim() && o.cols == x.cols / 2;
   for (size_t i = 0; shape_ok && i + 1 < input.ndim(); ++i) shape_ok = out.shape(i) == input.shape(i);
@@ -117,19 +121,20 @@ void act_and_mul(Array out, Array input, int act_code, uintptr_t stream, bool la
   if (!launch || o.numel() == 0) return;  // launch=false: validate only
   if (!x.is_cuda()) {
     cpu::run_cpu(p.dtype, o.numel(), [&](auto tag) { act_and_mul_cpu<decltype(tag)>(p); });
-    return;
-  }
+  } else {
 #ifdef OPFORGE_WITH_CUDA
-  check_launch(ctx, cuda::launch_act_and_mul(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
+    check_launch(ctx, cuda::launch_act_and_mul(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
 #endif
+  }
+  mark_written({out_obj});
 }
 
 }  // namespace
 
 void bind_elementwise(nb::module_& m) {
-  m.def("scale", &scale, nb::arg("out").noconvert(), nb::arg("input").noconvert(), nb::arg("factor"),
+  m.def("scale", &scale, nb::arg("out"), nb::arg("input"), nb::arg("factor"),
         nb::arg("stream"), nb::arg("launch"), "out = input * factor (fp32 math); see opforge.ops.scale.");
-  m.def("act_and_mul", &act_and_mul, nb::arg("out").noconvert(), nb::arg("input").noconvert(), nb::arg("act"),
+  m.def("act_and_mul", &act_and_mul, nb::arg("out"), nb::arg("input"), nb::arg("act"),
         nb::arg("stream"), nb::arg("launch"), "out = act(input[..., :d]) * input[..., d:]; act 0 silu, 1 gelu, 2 gelu_tanh.");
 }
 

@@ -13,6 +13,7 @@ void bind_elementwise(nb::module_& m);
 NB_MODULE(_C, m) {
   m.doc() = "opforge compiled ops (internal; use the opforge package)";
   nanobind::exception<opforge::CudaError>(m, "CudaError", PyExc_RuntimeError);
+  opforge::bind_tensors(m);
   opforge::bind_runtime(m);
   opforge::bind_norm(m);
   opforge::bind_elementwise(m);

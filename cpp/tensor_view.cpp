@@ -13,6 +13,174 @@ void throw_value_error(const std::string& msg) { throw nb::value_error(msg.c_str
 void throw_type_error(const std::string& msg) { throw nb::type_error(msg.c_str()); }
 void throw_runtime_error(const std::string& msg) { throw CudaError(msg); }
 
+// --- torch tensors -> DLPack ------------------------------------------------------------------
+
+namespace {
+
+// DLPack's C exchange API (DLPack >= 1.2), published by torch as a capsule in
+// torch.Tensor.__dlpack_c_exchange_api__: a non-owning export of a tensor object costs tens of
+// nanoseconds, against hundreds for a DLPack capsule. Only the entry opforge calls is typed.
+struct DLPackExchangeAPI {
+  uint32_t major, minor;
+  void* prev_api;
+  void* managed_tensor_allocator;
+  void* managed_tensor_from_py_object_no_sync;
+  void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
+  void* current_work_stream;
+};
+
+// The payload of a DLPack capsule ("dltensor"): the export for torch releases without the above.
+struct DLManagedTensor {
+  nb::dlpack::dltensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// torch's side of the bridge, handed over by opforge._ext at import (bind_torch), and kept until
+// the next bind_torch.
+struct TorchBridge {
+  PyObject* tensor_type = nullptr;  // torch.Tensor
+  PyObject* to_dlpack = nullptr;    // torch._C._to_dlpack
+  int (*export_view)(void*, nb::dlpack::dltensor*) = nullptr;  // the exchange API's, when torch has it
+  PyObject* increment_version = nullptr;                        // takes a tuple of tensors
+  PyObject* untyped_storage = nullptr;                          // interned method names
+  PyObject* storage_offset = nullptr;
+  PyObject* is_neg = nullptr;
+};
+TorchBridge torch_bridge;
+
+PyObject* call_method(PyObject* name, PyObject* self) {
+  PyObject* args[1] = {self};
+  PyObject* result = PyObject_VectorcallMethod(name, args, 1, nullptr);
+  if (!result) throw nb::python_error();
+  return result;
+}
+
+std::string first_line(const char* text) {
+  std::string s(text ? text : "");
+  return s.substr(0, s.find('\n'));
+}
+
+// The export failed (a Python error is pending): say why in opforge's words.
+[[noreturn]] void refuse_export(const OpContext& ctx, nb::handle obj, const char* name) {
+  std::string what = "the DLPack export failed";
+  if (PyErr_Occurred()) {
+    nb::python_error err;
+    what = first_line(nb::str(err.value()).c_str());
+  }
+  nb::object device = nb::getattr(obj, "device", nb::none());
+  const std::string kind = device.is_none() ? "" : nb::str(nb::getattr(device, "type", nb::str(""))).c_str();
+  const std::string prefix = std::string("opforge.") + ctx.op + ": " + name;
+  if (kind != "cpu" && kind != "cuda") {
+    throw_value_error(prefix + " is on " + nb::str(device).c_str() + "; accepted: cpu or cuda tensors");
+  }
+  throw_value_error(prefix + " cannot be passed to the kernels (" + what + "); accepted: dense cpu or cuda tensors");
+}
+
+// Bytes from the start of the storage to one past the furthest element the view reaches, or -1
+// when some element lies before the storage's start or the sum overflows.
+int64_t bytes_reached(const TensorArg& a, int64_t storage_offset) {
+  int64_t lo = storage_offset, hi = storage_offset;
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    int64_t reach;
+    if (__builtin_mul_overflow(a.shape(i) - 1, a.stride(i), &reach)) return -1;
+    if (__builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi)) return -1;
+  }
+  const int64_t elem = int64_t(a.dtype().bits) * a.dtype().lanes / 8;
+  int64_t bytes;
+  if (lo < 0 || __builtin_mul_overflow(hi + 1, elem, &bytes)) return -1;
+  return bytes;
+}
+
+void check_storage(const OpContext& ctx, nb::handle obj, const TensorArg& a) {
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    if (a.shape(i) == 0) return;  // no element is ever addressed
+  }
+  const nb::object storage = nb::steal(call_method(torch_bridge.untyped_storage, obj.ptr()));
+  const Py_ssize_t nbytes = PyObject_Size(storage.ptr());  // len(UntypedStorage): its size in bytes
+  if (nbytes < 0) throw nb::python_error();
+  const nb::object offset = nb::steal(call_method(torch_bridge.storage_offset, obj.ptr()));
+  const int64_t reached = bytes_reached(a, PyLong_AsLongLong(offset.ptr()));
+  if (reached >= 0 && reached <= nbytes) return;
+  throw_value_error(std::string("opforge.") + ctx.op + ": " + a.name + " (shape " + shape_string(a) +
+                    ") reaches " + (reached < 0 ? std::string("outside") : "byte " + std::to_string(reached)) +
+                    " of its storage, which holds " + std::to_string(nbytes) +
+                    " bytes (freed or shrunk with untyped_storage().resize_()?); accepted: tensors whose "
+                    "storage holds every element they view");
+}
+
+}  // namespace
+
+TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name) {
+  if (!torch_bridge.tensor_type) throw_runtime_error("opforge._C: import opforge first, it binds torch");
+  if (!PyObject_TypeCheck(obj.ptr(), reinterpret_cast<PyTypeObject*>(torch_bridge.tensor_type))) {
+    throw_type_error(std::string("opforge.") + ctx.op + ": " + name + " must be a torch.Tensor, got " +
+                     nb::str(obj.type().attr("__name__")).c_str());
+  }
+  TensorArg a;
+  a.name = name;
+  if (torch_bridge.export_view) {
+    if (torch_bridge.export_view(obj.ptr(), &a.dl) != 0) refuse_export(ctx, obj, name);
+  } else {
+    PyObject* args[1] = {obj.ptr()};
+    PyObject* capsule = PyObject_Vectorcall(torch_bridge.to_dlpack, args, 1, nullptr);
+    if (!capsule) refuse_export(ctx, obj, name);
+    // An unconsumed capsule calls the export's deleter when it dies, after the call.
+    a.capsule = nb::steal(capsule);
+    a.dl = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"))->dl_tensor;
+  }
+  // A negative-bit view stores its values negated and DLPack cannot say so. (The conjugate bit
+  // exists only on complex tensors, which every op refuses by dtype.)
+  if (nb::steal(call_method(torch_bridge.is_neg, obj.ptr())).is(Py_True)) {
+    throw_value_error(std::string("opforge.") + ctx.op + ": " + name +
+                      " is a negative-bit view (its memory holds the negated values, e.g. x.conj().imag); "
+                      "accepted: plain tensors, e.g. " + name + ".resolve_neg()");
+  }
+  check_storage(ctx, obj, a);
+  return a;
+}
+
+void mark_written(std::initializer_list<nb::handle> outputs) {
+  const nb::object written = nb::steal(PyTuple_New(Py_ssize_t(outputs.size())));
+  Py_ssize_t i = 0;
+  for (nb::handle h : outputs) PyTuple_SetItem(written.ptr(), i++, h.inc_ref().ptr());
+  PyObject* args[1] = {written.ptr()};
+  PyObject* result = PyObject_Vectorcall(torch_bridge.increment_version, args, 1, nullptr);
+  if (!result) throw nb::python_error();
+  Py_DECREF(result);
+}
+
+void bind_tensors(nb::module_& m) {
+  m.def(
+      "bind_torch",
+      [](nb::handle tensor_type, nb::handle to_dlpack, nb::handle exchange_api, nb::handle increment_version) {
+        const DLPackExchangeAPI* api = nullptr;
+        if (!exchange_api.is_none()) {
+          api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(exchange_api.ptr(), "dlpack_exchange_api"));
+          if (!api) throw nb::python_error();
+        }
+        // Rebinding (tests force the capsule export this way) releases the previous objects.
+        for (PyObject* o : {torch_bridge.tensor_type, torch_bridge.to_dlpack, torch_bridge.increment_version,
+                            torch_bridge.untyped_storage, torch_bridge.storage_offset, torch_bridge.is_neg}) {
+          Py_XDECREF(o);
+        }
+        TorchBridge b;
+        b.tensor_type = tensor_type.inc_ref().ptr();
+        b.to_dlpack = to_dlpack.inc_ref().ptr();
+        // Only DLPack major version 1 has this layout; anything else exports through capsules.
+        b.export_view = api && api->major == 1 ? api->dltensor_from_py_object_no_sync : nullptr;
+        b.increment_version = increment_version.inc_ref().ptr();
+        b.untyped_storage = PyUnicode_InternFromString("untyped_storage");
+        b.storage_offset = PyUnicode_InternFromString("storage_offset");
+        b.is_neg = PyUnicode_InternFromString("is_neg");
+        torch_bridge = b;
+      },
+      nb::arg("tensor_type"), nb::arg("to_dlpack"), nb::arg("exchange_api").none(), nb::arg("increment_version"),
+      "Called once by opforge._ext: torch.Tensor, torch._C._to_dlpack, torch's DLPack exchange API capsule "
+      "(None where torch has none) and a function bumping the version counters of a tuple of tensors.");
+}
+
 std::string dtype_name(nb::dlpack::dtype dt) {
   using C = nb::dlpack::dtype_code;
   std::string s;
@@ -41,7 +209,7 @@ std::string dtype_name(nb::dlpack::dtype dt) {
   return s;
 }
 
-std::string shape_string(const Array& a) {
+std::string shape_string(const TensorArg& a) {
   std::ostringstream os;
   os << "(";
   for (size_t i = 0; i < a.ndim(); ++i) os << (i ? ", " : "") << a.shape(i);
@@ -74,7 +242,8 @@ static const char* dtype_label(DType t) {
   }
 }
 
-RowView row_view(const OpContext& ctx, const Array& a, const char* name) {
+RowView row_view(const OpContext& ctx, const TensorArg& a) {
+  const char* name = a.name;
   RowView v;
   v.name = name;
   if (!to_dtype(a.dtype(), &v.dtype)) {
@@ -141,12 +310,12 @@ void check_same_dtype_device(const OpContext& ctx, const RowView& a, const RowVi
   }
 }
 
-void check_same_shape(const OpContext& ctx, const Array& a, const char* a_name, const Array& b, const char* b_name) {
+void check_same_shape(const OpContext& ctx, const TensorArg& a, const TensorArg& b) {
   bool same = a.ndim() == b.ndim();
   for (size_t i = 0; same && i < a.ndim(); ++i) same = a.shape(i) == b.shape(i);
   if (!same) {
-    throw_value_error(std::string("opforge.") + ctx.op + ": " + b_name + " has shape " + shape_string(b) +
-                      " but " + a_name + " has shape " + shape_string(a) + "; they must be equal");
+    throw_value_error(std::string("opforge.") + ctx.op + ": " + b.name + " has shape " + shape_string(b) +
+                      " but " + a.name + " has shape " + shape_string(a) + "; they must be equal");
   }
 }
 
@@ -210,9 +379,9 @@ void check_device_supported(const OpContext& ctx, const RowView& v) {
                     device_string(v.device_type, v.device_id) + "; accepted: cpu or cuda tensors");
 }
 
-void check_has_rows(const OpContext& ctx, const Array& a, const char* name) {
+void check_has_rows(const OpContext& ctx, const TensorArg& a) {
   if (a.ndim() == 0) {
-    throw_value_error(std::string("opforge.") + ctx.op + ": " + name +
+    throw_value_error(std::string("opforge.") + ctx.op + ": " + a.name +
                       " is a 0-d tensor; it needs at least one dimension (the hidden size)");
   }
 }

@@ -1,11 +1,13 @@
-// DLPack arrays from Python -> plain row views for the kernels, with every check that keeps a
-// bad argument from reaching a kernel. Errors name the op, the argument, what was given and what
-// is accepted, and map to ValueError / TypeError (nanobind translates the exception types).
+// torch tensors from Python -> DLPack descriptions -> plain row views for the kernels, with every
+// check that keeps a bad argument from reaching a kernel. Errors name the op, the argument, what
+// was given and what is accepted, and map to ValueError / TypeError (nanobind translates the
+// exception types).
 #pragma once
 #include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
+#include <nanobind/ndarray.h>  // nb::dlpack: DLPack's ABI structs
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "dtype.h"
@@ -13,7 +15,6 @@
 namespace opforge {
 
 namespace nb = nanobind;
-using Array = nb::ndarray<nb::ro>;  // read-only view: also accepts arrays exported read-only
 
 // Raised as opforge.CudaError (a RuntimeError) for failures reported by the CUDA runtime.
 struct CudaError : std::runtime_error {
@@ -45,19 +46,53 @@ struct OpContext {
   const char* op;  // public name, e.g. "rmsnorm"
 };
 
+// One tensor argument as DLPack describes it. The shape and strides point into the torch tensor,
+// which the caller keeps alive for the whole call.
+struct TensorArg {
+  nb::dlpack::dltensor dl;
+  const char* name = "";
+  nb::object capsule;  // keeps the export alive when it went through a DLPack capsule
+
+  size_t ndim() const { return size_t(dl.ndim); }
+  int64_t shape(size_t i) const { return dl.shape[i]; }
+  int64_t stride(size_t i) const {
+    if (dl.strides) return dl.strides[i];
+    int64_t s = 1;  // DLPack allows null strides: compact row-major
+    for (size_t k = i + 1; k < ndim(); ++k) s *= dl.shape[k];
+    return s;
+  }
+  nb::dlpack::dtype dtype() const { return dl.dtype; }
+  int device_type() const { return dl.device.device_type; }
+  int device_id() const { return dl.device.device_id; }
+  void* data() const { return static_cast<char*>(dl.data) + dl.byte_offset; }
+};
+
+// `obj` as the kernels will see it, after the checks only torch can answer: it is a
+// torch.Tensor, it is not a negative-bit view, and its storage holds every element the view
+// reaches (a storage freed or shrunk with untyped_storage().resize_() does not).
+TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name);
+
+// Tells autograd that the kernels wrote these tensors in place (bumps their version counters),
+// so a backward that saved one of them raises instead of using the new values, as it does after
+// torch's own in-place ops.
+void mark_written(std::initializer_list<nb::handle> outputs);
+
+// opforge._ext hands over torch's side of the bridge once, at import (see tensor_view.cpp).
+void bind_tensors(nb::module_& m);
+
 std::string dtype_name(nb::dlpack::dtype dt);
-std::string shape_string(const Array& a);
+std::string shape_string(const TensorArg& a);
 std::string device_string(int device_type, int device_id);
 
 // Checks dtype (fp16/bf16/fp32), a contiguous last dimension and that the leading dimensions
 // collapse into one row stride; then returns the row view (a 0-d tensor is one 1-element row).
-RowView row_view(const OpContext& ctx, const Array& a, const char* name);
+RowView row_view(const OpContext& ctx, const TensorArg& a);
 
 // `b` must have `a`'s dtype and device (ctx names both arguments in the error).
 void check_same_dtype_device(const OpContext& ctx, const RowView& a, const RowView& b);
 
 // `b` must have exactly `a`'s shape.
-void check_same_shape(const OpContext& ctx, const Array& a, const char* a_name, const Array& b, const char* b_name);
+void check_same_shape(const OpContext& ctx, const TensorArg& a, const TensorArg& b);
 
 // An output must not have rows that overlap each other (it would be written twice).
 void check_writable_rows(const OpContext& ctx, const RowView& out);
@@ -69,7 +104,7 @@ void check_alias(const OpContext& ctx, const RowView& out, const RowView& in, bo
 void check_device_supported(const OpContext& ctx, const RowView& v);
 
 // Ops that work on rows of a hidden dimension refuse 0-d tensors.
-void check_has_rows(const OpContext& ctx, const Array& a, const char* name);
+void check_has_rows(const OpContext& ctx, const TensorArg& a);
 
 // Turns a launcher's cudaError_t value into opforge.CudaError naming the op (and, for a missing
 // kernel image, the archs this build has and how to rebuild).

@@ -8,7 +8,8 @@ import torch
 
 import opforge
 import opforge.backend as backend_module
-from opforge import BackendError, backend_requirement, supported_compute_capability
+from opforge import BackendError, _ext, backend_requirement, supported_compute_capability
+from opforge._ext import _arch_runs_on
 
 
 class Recorder:
@@ -132,6 +133,24 @@ def test_heuristic_sees_the_call_arguments():
     assert toy(1, y=20) == "b"
     assert toy(1) == "a"
     assert seen[0][1] == (1,) and seen[0][2]["y"] == 20
+
+
+@pytest.mark.parametrize("auto_by_device", [False, True])
+def test_first_parameter_by_keyword_in_any_order(auto_by_device):
+    """Checks and heuristics find the first parameter in args[0] however the call names it."""
+    seen = []
+
+    def common(*args, **kwargs):
+        seen.append(("common", args[0]))
+        return True
+
+    toy, rec, _ = make_toy(common=common, auto_by_device=auto_by_device)
+    t = torch.ones(2)
+    assert toy(y=3, x=t) == ("fast", t, 3)
+    assert toy(backend="slow", y=4, x=t) == ("slow", t, 4)
+    assert toy(y=5, x=t, skip_check=True) == ("fast", t, 5)
+    assert seen == [("common", t), ("common", t)]
+    assert rec.calls == ["fast", "slow"]
 
 
 def test_without_heuristic_a_single_backend_is_the_default():
@@ -339,8 +358,31 @@ def test_query_helpers():
     assert toy.has_backend_choices()
     assert toy.is_backend_supported("fast") and not toy.is_backend_supported("medium")
     assert toy.is_backend_supported("fast", cc=90) and not toy.is_backend_supported("fast", cc=80)
-    assert toy.is_backend_supported("slow", cc=80)  # no marks: every compute capability
-    assert toy.is_compute_capability_supported(80)  # through "slow"
+    assert toy.is_backend_supported("slow", cc=80)  # no marks: no restriction of its own
+    # ... but an unmarked backend (CPU code, a plain-PyTorch formula) does not make a GPU supported
+    assert toy.is_compute_capability_supported(90) and toy.is_compute_capability_supported(100)
+    assert not toy.is_compute_capability_supported(80) and not toy.is_compute_capability_supported(1)
+
+
+def test_query_helpers_without_any_mark():
+    toy, _, _ = make_toy()
+    assert toy.is_backend_supported("fast", cc=80) and toy.is_compute_capability_supported(80)
+
+
+def test_function_marks_answer_the_queries_and_leave_calls_to_the_check():
+    """A mark given as a function (support known only at run time) answers the queries; on a
+    call the check itself decides (it can explain why, e.g. with the rebuild command)."""
+    asked = []
+
+    def runs_on(cc):
+        asked.append(cc)
+        return cc >= 90
+
+    toy, rec, _ = make_toy(ccs={"fast": runs_on})
+    assert toy.is_backend_supported("fast", cc=90) and not toy.is_backend_supported("fast", cc=80)
+    assert toy.is_compute_capability_supported(120) and not toy.is_compute_capability_supported(75)
+    assert asked == [90, 80, 120, 75]
+    assert toy(torch.ones(2))[0] == "fast" and rec.calls == ["fast"]
 
 
 def test_query_helpers_when_every_backend_is_marked():
@@ -411,16 +453,48 @@ REAL_OPS = [opforge.scale, opforge.rmsnorm, opforge.gemma_rmsnorm, opforge.fused
             opforge.gemma_fused_add_rmsnorm, opforge.silu_and_mul, opforge.gelu_and_mul, opforge.gelu_tanh_and_mul]
 
 
+CCS = (1, 60, 75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121, 130, 900)
+
+
 @pytest.mark.parametrize("op", REAL_OPS, ids=lambda f: f.__name__)
 def test_real_ops_declare_their_backends(op):
     assert op.backends == ("cuda", "cpu", "torch")
     assert op.has_backend("cuda") and op.has_backend("cpu") and op.has_backend("torch")
     assert not op.has_backend("triton")
     assert op.has_backend_choices()
-    assert op.is_compute_capability_supported(90)
-    assert op.is_backend_supported("cuda", cc=90) and op.is_backend_supported("cuda", cc=80)
-    assert not op.is_backend_supported("cuda", cc=60)
-    assert op.is_backend_supported("cpu", cc=60)
+    assert op.is_backend_supported("cpu", cc=60) and op.is_backend_supported("torch", cc=90)  # no GPU code
+
+
+@pytest.mark.parametrize("op", REAL_OPS, ids=lambda f: f.__name__)
+def test_real_ops_answer_from_this_build(op):
+    """Compute capabilities come from what this build holds, not from a fixed list."""
+    archs = opforge.build_info()["cuda_archs"] if opforge.build_info()["cuda"] else []
+    expected = {cc for cc in CCS if any(_arch_runs_on(a, cc) for a in archs)}
+    assert {cc for cc in CCS if op.is_compute_capability_supported(cc)} == expected
+    assert {cc for cc in CCS if op.is_backend_supported("cuda", cc=cc)} == expected
+
+
+def _simulate_build(monkeypatch, archs: str | None):
+    info = dict(_ext._build_info())
+    info["cuda"] = archs is not None
+    info["cuda_archs"] = tuple(archs.split(";")) if archs else ()
+    monkeypatch.setattr(_ext, "_build_info", lambda: info)
+
+
+@pytest.mark.parametrize("archs, supported", [
+    (None, set()),  # CPU-only build: no GPU at all
+    ("9.0a", {90}),  # arch-specific code runs on that chip only
+    ("8.0;9.0a", {80, 86, 87, 89, 90}),  # SASS 8.0 runs on 8.x
+    ("9.0a+PTX", {90}),  # arch-specific PTX is not JIT-compiled for newer GPUs
+    ("9.0+PTX", {90, 100, 103, 110, 120, 121, 130, 900}),  # PTX: any newer GPU, even unreleased ones
+    ("8.0;9.0a;10.0f;12.0", {80, 86, 87, 89, 90, 100, 103, 120, 121}),
+])
+@pytest.mark.parametrize("op", REAL_OPS, ids=lambda f: f.__name__)
+def test_real_ops_answer_from_the_build_archs(monkeypatch, op, archs, supported):
+    _simulate_build(monkeypatch, archs)
+    assert {cc for cc in CCS if op.is_compute_capability_supported(cc)} == supported
+    assert {cc for cc in CCS if op.is_backend_supported("cuda", cc=cc)} == supported
+    assert op.is_backend_supported("cuda") and op.has_backend("cuda")  # the backend exists either way
 
 
 def test_real_op_auto_on_cpu_picks_cpu_backend(monkeypatch):

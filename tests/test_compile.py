@@ -160,3 +160,77 @@ def test_compiled_with_cuda_graphs(rng):
         got = compiled(x, r, w)
         for g, e in zip(got, expected):
             assert_same_bits(g, e)
+
+
+# --- autograd under torch.compile ------------------------------------------------------------
+
+GRAD_CALLS = {
+    "scale": lambda x, r, w: opforge.scale(x, 0.5),
+    "rmsnorm": lambda x, r, w: opforge.rmsnorm(x, w),
+    "gemma_rmsnorm": lambda x, r, w: opforge.gemma_rmsnorm(x, w),
+    "fused_add_rmsnorm": lambda x, r, w: opforge.fused_add_rmsnorm(x, r, w)[0],
+    "gemma_fused_add_rmsnorm": lambda x, r, w: opforge.gemma_fused_add_rmsnorm(x, r, w)[0],
+    "silu_and_mul": lambda x, r, w: opforge.silu_and_mul(x),
+    "gelu_and_mul": lambda x, r, w: opforge.gelu_and_mul(x),
+    "gelu_tanh_and_mul": lambda x, r, w: opforge.gelu_tanh_and_mul(x),
+}
+
+
+def _grad_cases():
+    cases = []
+    for op in GRAD_CALLS:
+        used = ["x"] + (["r"] if "fused" in op else []) + (["w"] if "rmsnorm" in op else [])
+        cases += [pytest.param(op, name, id=f"{op}-{name}") for name in used]
+    return cases
+
+
+def _grad_args(needs_grad: str) -> dict:
+    args = {"x": torch.randn(4, 64), "r": torch.randn(4, 64), "w": torch.randn(64)}
+    args[needs_grad].requires_grad_()
+    return args
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("op, needs_grad", _grad_cases())
+def test_compiled_call_refuses_inputs_that_need_grad(op, needs_grad):
+    """The ops have no backward: compiled, as in eager mode, an input that needs grad is refused
+    (instead of a result whose gradient is silently dropped)."""
+    compiled = torch.compile(GRAD_CALLS[op], fullgraph=True, dynamic=False)
+    with pytest.raises(Exception) as info:
+        compiled(**_grad_args(needs_grad))
+    assert "requires grad" in str(info.value) and f"opforge.{op}" in str(info.value)
+    with torch.no_grad():
+        compiled(**_grad_args(needs_grad))
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_call_without_fullgraph_refuses_inputs_that_need_grad():
+    """Without fullgraph the refusal is the eager one, type included."""
+    compiled = torch.compile(GRAD_CALLS["fused_add_rmsnorm"], dynamic=False)
+    with pytest.raises(ValueError, match="^opforge.fused_add_rmsnorm: weight requires grad"):
+        compiled(**_grad_args("w"))
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_write_into_a_saved_tensor_makes_the_backward_raise():
+    a = torch.randn(4, 64, requires_grad=True)
+    t = torch.randn(4, 64)
+    loss = (a * t).sum()
+    compiled = torch.compile(lambda x, out: opforge.scale(x, 2.0, out=out), fullgraph=True, dynamic=False)
+    before = t._version
+    compiled(torch.randn(4, 64), t)
+    assert t._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_in_place_update_bumps_the_versions():
+    x, r, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    versions = x._version, r._version
+    torch.compile(f_fused_in_place, fullgraph=True, dynamic=False)(x, r, w)
+    assert x._version > versions[0] and r._version > versions[1]

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import opforge
+from opforge import _C, _ext
+from conftest import DEVICES
 
 ROWS, H = 4, 8
 
@@ -137,7 +139,20 @@ def _cases():
             cases.append(Case(op, f"{name}-wrong-shape", _set(name, _wrong_shape(spec, name)), ValueError, (name,)))
             # on another device than the input (a meta tensor is the other device a CPU machine has)
             cases.append(Case(op, f"{name}-on-meta", _set(name, lambda a, n=name: a[n].to("meta")), ValueError,
-                              (name, "meta"), compiled=False))
+                              (name, "meta")))
+        for name in tensors:
+            # storage freed, or shrunk below what the view reaches (reading or writing it would crash
+            # or corrupt the heap): the compiled bindings refuse it, whatever skip_check says
+            cases.append(Case(op, f"{name}-storage-freed", _set(name, lambda a, n=name: _freed(a[n])), ValueError,
+                              (name, "storage", "holds 0 bytes")))
+            cases.append(Case(op, f"{name}-storage-shrunk", _set(name, lambda a, n=name: _shrunk(a[n])), ValueError,
+                              (name, "storage")))
+            # a negative-bit view: its memory holds the negated values
+            cases.append(Case(op, f"{name}-negative-bit", _set(name, lambda a, n=name: _negative_view(a[n])),
+                              ValueError, (name, "negative-bit", "resolve_neg")))
+            # a conjugate-bit view (complex only): refused by its dtype
+            cases.append(Case(op, f"{name}-conjugate-bit", _set(name, lambda a, n=name: _conjugate_view(a[n])),
+                              TypeError, (name, "complex64")))
 
         # the input's rows cannot be addressed with one row stride
         def non_collapsible(args, spec=spec, first=first):
@@ -185,6 +200,11 @@ def _cases():
             for eps, label in (("1e-6", "str"), (None, "NoneType"), (True, "bool")):
                 cases.append(Case(op, f"eps-{label}", _set("eps", lambda a, e=eps: e), TypeError, ("eps", label),
                                   compiled=False))
+            # too large for a float: named, not a bare OverflowError
+            cases.append(Case(op, "eps-10**400", _set("eps", lambda a: 10**400), ValueError, ("eps", "401 digits"),
+                              compiled=False))
+            # a double, but infinite once rounded to the kernels' float32
+            cases.append(Case(op, "eps-1e39", _set("eps", lambda a: 1e39), ValueError, ("eps", "1e+39", "float32")))
         if spec.kind == "add_norm":
             cases.append(Case(op, "residual_out-is-out", _set("residual_out", lambda a: a["out"]), ValueError,
                               ("residual_out", "out")))
@@ -202,7 +222,40 @@ def _cases():
                 label = type(factor).__name__
                 cases.append(Case(op, f"factor-{label}", _set("factor", lambda a, f=factor: f), TypeError,
                                   ("factor", label), compiled=False))
+            for factor, label in ((10**400, "10**400"), (-(10**400), "-10**400")):
+                cases.append(Case(op, f"factor-{label}", _set("factor", lambda a, f=factor: f), ValueError,
+                                  ("factor", "401 digits"), compiled=False))
     return cases
+
+
+def _freed(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t.untyped_storage().resize_(0)
+    return t
+
+
+def _shrunk(t: torch.Tensor) -> torch.Tensor:
+    """A view one row into its buffer, whose storage is then shrunk to the view's own size: enough
+    bytes for its elements, but not from where it starts."""
+    row = t.shape[-1]
+    buf = torch.full((t.numel() + row,), float("nan"), dtype=t.dtype, device=t.device)
+    view = buf[row:].view(t.shape)
+    view.copy_(t)
+    view.untyped_storage().resize_(t.numel() * t.element_size())
+    return view
+
+
+def _negative_view(t: torch.Tensor) -> torch.Tensor:
+    """A view that reads as ``t`` while its memory holds ``-t`` (torch's negative bit)."""
+    view = torch.complex(torch.zeros_like(t), -t).conj().imag
+    assert view.is_neg() and torch.allclose(view, t, equal_nan=True)
+    return view
+
+
+def _conjugate_view(t: torch.Tensor) -> torch.Tensor:
+    view = torch.complex(t, torch.zeros_like(t)).conj()
+    assert view.is_conj()
+    return view
 
 
 def _0d_norm(args):
@@ -408,3 +461,137 @@ def test_cuda_tensor_on_a_build_without_cuda(op):
         invoke(spec, args)
     message = str(info.value)
     assert message.startswith(f"opforge.{op}:") and "CUDA_ARCH_LIST" in message
+
+
+# --- arguments only torch can vouch for: every op, every tensor, every path ------------------
+
+
+def _tensor_names(spec: Spec) -> list[str]:
+    return [k for k, v in spec.make().items() if isinstance(v, torch.Tensor)]
+
+
+def _each_tensor():
+    return [pytest.param(op, name, id=f"{op}-{name}") for op, spec in SPECS.items() for name in _tensor_names(spec)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("skip_check", [False, True])
+@pytest.mark.parametrize("op, name", _each_tensor())
+def test_freed_or_shrunk_storage_is_refused(op, name, skip_check, device):
+    spec = SPECS[op]
+    for damage, needle in ((_freed, "holds 0 bytes"), (_shrunk, "storage")):
+        args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in spec.make().items()}
+        args[name] = damage(args[name])
+        with pytest.raises(ValueError) as info:
+            invoke(spec, args, skip_check=skip_check)
+        message = str(info.value)
+        assert message.startswith(f"opforge.{op}: {name} ") and needle in message, message
+
+
+@pytest.mark.parametrize("op, name", [p for p in _each_tensor() if p.values[1] not in ("input", "x")])
+def test_non_tensor_is_refused_with_skip_check(op, name):
+    """skip_check=True skips the Python type checks; the bindings still name what is wrong."""
+    spec = SPECS[op]
+    args = spec.make()
+    args[name] = [1.0, 2.0]
+    with pytest.raises(TypeError, match=f"^opforge.{op}: {name} must be a torch.Tensor, got list"):
+        invoke(spec, args, skip_check=True)
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_non_tensor_first_argument_with_skip_check(op):
+    spec = SPECS[op]
+    args = spec.make()
+    args[next(iter(args))] = [1.0, 2.0]
+    with pytest.raises(TypeError, match=f"^opforge.{op}: .*torch.Tensor, got list"):
+        invoke(spec, args, skip_check=True)
+
+
+@pytest.mark.parametrize("op, name", _each_tensor())
+def test_sparse_tensor_is_refused(op, name):
+    spec = SPECS[op]
+    args = spec.make()
+    args[name] = args[name].to_sparse()
+    for skip_check in (False, True):
+        with pytest.raises((ValueError, TypeError)) as info:
+            invoke(spec, args, skip_check=skip_check)
+        assert str(info.value).startswith(f"opforge.{op}:") and name in str(info.value)
+
+
+# --- keywords in any order -------------------------------------------------------------------
+
+
+def _results(result) -> tuple:
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("skip_check", [False, True])
+@pytest.mark.parametrize("backend", [None, "cpu", "torch"])
+@pytest.mark.parametrize("op", list(SPECS))
+def test_keywords_in_any_order(op, backend, skip_check):
+    spec = SPECS[op]
+    args = spec.make()
+    for name in OUTPUTS:
+        args.pop(name, None)
+    extra = {} if backend is None else {"backend": backend}
+    expected = invoke(spec, args, **extra)
+    for order in (list(reversed(args)), sorted(args), [*list(args)[1:], next(iter(args))]):
+        got = spec.fn(**{k: args[k] for k in order}, **extra, skip_check=skip_check)
+        for g, e in zip(_results(got), _results(expected)):
+            assert torch.equal(g, e)
+
+
+def test_keywords_in_any_order_example():
+    x, w = torch.randn(ROWS, H), torch.randn(H)
+    assert torch.equal(opforge.rmsnorm(eps=1e-6, weight=w, input=x), opforge.rmsnorm(x, w, 1e-6))
+    assert torch.equal(opforge.scale(factor=2.0, x=x), x * 2)
+
+
+# --- the DLPack capsule export (torch releases without the DLPack C exchange API) ------------
+
+
+@pytest.fixture
+def export_spy():
+    """Rebinds the extension's bridge with a spy on the capsule export; yields ``bind(api)`` (api:
+    the exchange API capsule or None) and the list of tensors exported through capsules."""
+    exported = []
+
+    def to_dlpack(t):
+        exported.append(t)
+        return torch._C._to_dlpack(t)
+
+    def bind(api):
+        _C.bind_torch(torch.Tensor, to_dlpack, api, _ext._version_bump())
+
+    yield bind, exported
+    _C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
+                  _ext._version_bump())
+
+
+@pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"), reason="torch has no DLPack exchange API")
+def test_exchange_api_is_used_where_torch_has_it(export_spy):
+    bind, exported = export_spy
+    bind(torch.Tensor.__dlpack_c_exchange_api__)
+    opforge.rmsnorm(torch.randn(ROWS, H), torch.randn(H))
+    assert exported == []
+
+
+@pytest.mark.parametrize("case", [c.param() for c in COMPILED if any(
+    w in c.what for w in ("storage", "negative", "meta", "dtype-float64", "wrong-shape", "overlaps", "expanded"))])
+def test_capsule_export_refuses_bad_arguments(export_spy, case):
+    bind, exported = export_spy
+    bind(None)
+    _run_case(case, skip_check=True)
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_capsule_export_computes_the_same(export_spy, op):
+    spec = SPECS[op]
+    args = spec.make()
+    expected = invoke(spec, {**args, "out": None, **({"residual_out": None} if "residual_out" in args else {})})
+    bind, exported = export_spy
+    bind(None)
+    got = invoke(spec, args)
+    assert exported, "the capsule export was not used"
+    for g, e in zip(_results(got), _results(expected)):
+        assert torch.equal(g, e)

@@ -223,3 +223,60 @@ def test_invalid_loglevel_fails_the_import(raw):
     result = run_python("import opforge", OPFORGE_LOGLEVEL=raw)
     assert result.returncode != 0
     assert "ValueError" in result.stderr and "OPFORGE_LOGLEVEL" in result.stderr
+
+
+# --- logging never changes what a call does ---------------------------------------------------
+
+
+def _freed(t):
+    t = t.clone()
+    t.untyped_storage().resize_(0)
+    return t
+
+
+@pytest.mark.parametrize("level", [1, 3, 5])
+@pytest.mark.parametrize("bad, message", [
+    (lambda w: w.to("meta"), "opforge.rmsnorm: weight is on meta"),
+    (lambda w: w.to_sparse(), "opforge.rmsnorm: weight cannot be passed to the kernels"),
+    (_freed, "opforge.rmsnorm: weight (shape (8,)) reaches byte 32 of its storage, which holds 0 bytes"),
+    (lambda w: torch.complex(torch.zeros_like(w), -w).conj().imag, "opforge.rmsnorm: weight is a negative-bit view"),
+], ids=["meta", "sparse", "freed-storage", "negative-bit"])
+def test_logged_calls_keep_the_ops_errors(capsys, monkeypatch, level, bad, message):
+    """Describing the arguments (value statistics at level 5) must not fail, crash or read
+    memory before the op has checked its arguments: the op's own error comes out."""
+    monkeypatch.setenv("OPFORGE_LOGDEST", "stderr")
+    logged = opforge_api(opforge.rmsnorm, level=level)
+    with pytest.raises(ValueError) as info:
+        logged(torch.randn(2, 8), bad(torch.randn(8)), skip_check=True)
+    assert str(info.value).startswith(message), str(info.value)
+    assert lines(capsys.readouterr().err)[-1].endswith(f"raised ValueError: {info.value}")
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("level", [1, 3, 5])
+def test_logged_ops_compile_with_fullgraph(capsys, monkeypatch, level):
+    monkeypatch.setenv("OPFORGE_LOGDEST", "stderr")
+    torch._dynamo.reset()
+    logged = opforge_api(opforge.rmsnorm, level=level)
+    compiled = torch.compile(lambda x, w: logged(x, w) * 2, fullgraph=True, dynamic=False)
+    x, w = torch.randn(4, 64), torch.randn(64)
+    assert torch.equal(compiled(x, w), opforge.rmsnorm(x, w) * 2)
+    torch._dynamo.reset()
+
+
+@pytest.mark.compile
+def test_loglevel_with_fullgraph_compile_end_to_end():
+    code = (
+        "import torch, opforge\n"
+        "f = torch.compile(lambda x, w: opforge.rmsnorm(x, w) * 2, fullgraph=True, dynamic=False)\n"
+        "x, w = torch.randn(4, 64), torch.randn(64)\n"
+        "assert torch.equal(f(x, w), opforge.rmsnorm(x, w) * 2)\n"
+        "try:\n"
+        "    opforge.rmsnorm(x, w.to('meta'))\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    result = run_python(code, OPFORGE_LOGLEVEL="5")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("opforge.rmsnorm: weight is on meta"), result.stdout
+    assert any("opforge.rmsnorm(" in line and "device=meta" in line for line in lines(result.stderr))

@@ -1,9 +1,12 @@
-"""The only importer of the compiled extension: build info, streams, DLPack hand-off.
+"""The only importer of the compiled extension: build info, streams, the bridge to torch.
 
-Tensors cross into C++ as DLPack capsules made by torch's C++ exporter (about 0.3 us per
-tensor, against about 2 us for the pure-Python ``Tensor.__dlpack__`` protocol, whose stream
-handling also differs across torch releases). The kernels launch on torch's *current* stream of
-the tensor's device, passed as an integer, so CUDA-graph capture and user streams work.
+The ops hand torch tensors to the bindings as they are. The bindings read each one's DLPack
+description through torch's DLPack C exchange API (``torch.Tensor.__dlpack_c_exchange_api__``,
+tens of nanoseconds per tensor; torch releases without it go through ``torch._C._to_dlpack``
+capsules, about 0.2 us), and ask torch what DLPack cannot say (the storage's size, the
+negative bit) before anything runs; after a kernel wrote its outputs they bump the outputs'
+version counters, as torch's own in-place ops do. The kernels launch on torch's *current* stream
+of the tensor's device, passed as an integer, so CUDA-graph capture and user streams work.
 Nothing here touches a GPU at import.
 """
 
@@ -17,8 +20,24 @@ from . import _C
 
 CudaError = _C.CudaError
 
-#: torch tensor -> DLPack capsule, without Python-level protocol overhead.
-to_capsule = torch._C._to_dlpack
+
+def _version_bump():
+    """torch's version-counter bump for a tuple of tensors."""
+    bump = torch._C._increment_version
+    try:
+        bump(())  # torch >= 2.5 takes an iterable of tensors
+    except TypeError:  # torch 2.4 takes one tensor
+
+        def bump_each(tensors):
+            for t in tensors:
+                bump(t)
+
+        return bump_each
+    return bump
+
+
+_C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
+              _version_bump())
 
 #: Handle of torch's current CUDA stream on a device index (0 = the legacy default stream).
 #: torch's raw accessor skips building a Stream object, which costs about 1 us per call.
@@ -71,6 +90,13 @@ def compute_capability(device_index: int) -> int:
     return major * 10 + minor
 
 
+def build_runs_on(cc: int) -> bool:
+    """Whether this build holds code that a GPU of compute capability ``cc`` runs (never for a
+    build without CUDA kernels)."""
+    info = _build_info()
+    return info["cuda"] and any(_arch_runs_on(a, cc) for a in info["cuda_archs"])
+
+
 @functools.cache
 def arch_problem(device_index: int) -> str | None:
     """Why this build cannot run on ``device_index``, or None when it can (cached per device)."""
@@ -82,7 +108,7 @@ def arch_problem(device_index: int) -> str | None:
             'CUDA_ARCH_LIST="9.0a" pip install opforge'
         )
     cc = compute_capability(device_index)
-    if any(_arch_runs_on(a, cc) for a in info["cuda_archs"]):
+    if build_runs_on(cc):
         return None
     want = f"{cc // 10}.{cc % 10}" + ("a" if cc >= 90 else "")
     return (

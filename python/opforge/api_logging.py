@@ -17,6 +17,7 @@ import torch
 from . import config
 
 _LOGGER_NAME = "opforge.api"
+_is_compiling = torch.compiler.is_compiling
 
 
 class _StdStreamHandler(logging.StreamHandler):
@@ -53,14 +54,29 @@ def _logger() -> logging.Logger:
     return logger
 
 
+def _has_values(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s elements is safe: a dense tensor with data (not meta) whose storage
+    holds every element it views. Logging runs before the op's own checks, and reading a tensor
+    whose storage was freed or shrunk would crash instead of letting the op refuse it."""
+    if t.layout != torch.strided or t.is_meta or t.is_quantized or t.is_nested:
+        return False
+    if t.numel() == 0:
+        return True
+    if any(st < 0 for st in t.stride()):
+        return False
+    last = t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return (last + 1) * t.element_size() <= t.untyped_storage().nbytes()
+
+
 def describe(value, level: int) -> str:
     """One argument as a log line fragment."""
     if isinstance(value, torch.Tensor):
+        layout = f"stride={value.stride()}" if value.layout == torch.strided else f"layout={value.layout}"
         text = (
             f"Tensor(shape={tuple(value.shape)}, dtype={str(value.dtype).removeprefix('torch.')}, "
-            f"device={value.device}, stride={value.stride()})"
+            f"device={value.device}, {layout})"
         )
-        if level >= 5 and value.numel() and (value.is_floating_point() or value.is_complex()):
+        if level >= 5 and value.numel() and (value.is_floating_point() or value.is_complex()) and _has_values(value):
             v = value.detach().float()
             nan = int(torch.isnan(v).sum())
             finite = v[torch.isfinite(v)]
@@ -85,6 +101,10 @@ def opforge_api(fn=None, *, level: int | None = None):
 
     @functools.wraps(fn)
     def logged(*args, **kwargs):
+        # Nothing to log while torch.compile traces the call (the compiled graph runs without
+        # Python), and logging's file and process calls cannot be traced into a graph.
+        if _is_compiling():
+            return fn(*args, **kwargs)
         log = _logger()
         if lvl >= 3:
             parts = [describe(a, lvl) for a in args] + [f"{k}={describe(v, lvl)}" for k, v in kwargs.items()]

@@ -9,11 +9,21 @@ An op decorated with ``backend_requirement`` gets
   candidates for this call and the first one whose check passes runs; the op receives the
   chosen name in ``backend``;
 * ``op.is_backend_supported(name, cc=None)``, ``op.is_compute_capability_supported(cc)``,
-  ``op.has_backend(name)``, ``op.has_backend_choices()`` and ``op.backends``.
+  ``op.has_backend(name)``, ``op.has_backend_choices()`` and ``op.backends``;
+* its first parameter accepted by keyword in any order (``op(eps=..., weight=w, input=x)``): it
+  is moved to the front, so checks and heuristics always find it in ``args[0]``.
 
 Checks take the op's arguments, return True or raise ValueError / TypeError / RuntimeError with
 what is wrong; the decorator prefixes the op's name. Compute capabilities are integers
 (80 for 8.0, 90 for 9.0, 100 for 10.0).
+
+Compute-capability queries: a check without a ``@supported_compute_capability`` mark places no
+restriction, so ``is_backend_supported(name, cc)`` is True unless the backend's mark or the
+common check's mark excludes ``cc``. ``is_compute_capability_supported(cc)`` asks whether the op
+has code for a GPU of that compute capability: backends without marks (CPU code, plain-PyTorch
+formulas) do not count, so it is True when a marked backend supports ``cc`` (and the common
+check allows it); an op with no marked backend answers from the common check's mark (True
+without one).
 """
 
 from __future__ import annotations
@@ -34,9 +44,14 @@ class BackendError(ValueError):
     """No backend can run a call, or an unknown backend was named."""
 
 
-def supported_compute_capability(ccs: Iterable[int]):
-    """Mark a check function with the compute capabilities its backend supports."""
-    supported = frozenset(int(c) for c in ccs)
+def supported_compute_capability(ccs: Iterable[int] | Callable[[int], bool]):
+    """Mark a check function with the compute capabilities its backend supports.
+
+    ``ccs``: integers, enforced before the check runs on a call with CUDA tensors; or a function
+    ``cc -> bool`` for support known only at run time (which archs a build holds), which answers
+    the queries while the check itself refuses a GPU it cannot run on (it can say why).
+    """
+    supported = ccs if callable(ccs) else frozenset(int(c) for c in ccs)
 
     def mark(check: Callable) -> Callable:
         check._opforge_ccs = supported
@@ -45,8 +60,12 @@ def supported_compute_capability(ccs: Iterable[int]):
     return mark
 
 
-def _ccs_of(check: Callable | None) -> frozenset | None:
+def _ccs_of(check: Callable | None) -> frozenset | Callable[[int], bool] | None:
     return getattr(check, "_opforge_ccs", None) if check is not None else None
+
+
+def _supports(mark: frozenset | Callable[[int], bool], cc: int) -> bool:
+    return bool(mark(cc)) if callable(mark) else cc in mark
 
 
 def _call_cc(args: tuple, kwargs: dict) -> tuple[int, int] | None:
@@ -100,9 +119,16 @@ def backend_requirement(
         backend_pos = None
         if takes_backend and params["backend"].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
             backend_pos = list(params).index("backend")
+        first = next(iter(params.values()), None)
+        first_name = first.name if first is not None and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None
 
-        # Read once here: the call path below runs on every op call and must stay lean.
-        ccs_of = {check: _ccs_of(check) for check in (*checks.values(), common_check) if check is not None}
+        # Read once here: the call path below runs on every op call and must stay lean. Only
+        # integer marks are enforced on calls (see supported_compute_capability).
+        ccs_of = {}
+        for check in (*checks.values(), common_check):
+            if check is not None:
+                mark = _ccs_of(check)
+                ccs_of[check] = mark if isinstance(mark, frozenset) else None
 
         def run_check(check: Callable, label: str, args: tuple, kwargs: dict) -> None:
             ccs = ccs_of[check]
@@ -128,7 +154,10 @@ def backend_requirement(
                 if run_checks:
                     run_check(checks[requested], f"backend {requested!r} ", args, kwargs)
                 return requested
-            order = heuristic_func(names, *args, **kwargs) if heuristic_func is not None else names
+            try:
+                order = heuristic_func(names, *args, **kwargs) if heuristic_func is not None else names
+            except _CHECK_ERRORS as exc:
+                raise _with_prefix(exc, f"{op}: ") from None
             if not order:
                 raise BackendError(f"{op}: no backend is suitable for this call")
             if not run_checks:
@@ -150,6 +179,8 @@ def backend_requirement(
         @functools.wraps(fn)
         def wrapper(*args, skip_check=False, **kwargs):
             # This runs on every call of an op: keep it flat (each Python call costs ~0.1 us).
+            if not args and first_name in kwargs:
+                args = (kwargs.pop(first_name),)
             if traced is not None and _is_compiling():
                 return traced(*args, **kwargs)
             if not skip_check and common_check is not None:
@@ -188,13 +219,14 @@ def backend_requirement(
             if cc is None:
                 return True
             ccs, common = _ccs_of(checks[backend]), _ccs_of(common_check)
-            return (ccs is None or cc in ccs) and (common is None or cc in common)
+            return (ccs is None or _supports(ccs, cc)) and (common is None or _supports(common, cc))
 
         def is_compute_capability_supported(cc: int) -> bool:
-            if not checks:
-                common = _ccs_of(common_check)
-                return common is None or cc in common
-            return any(is_backend_supported(b, cc) for b in names)
+            common = _ccs_of(common_check)
+            if common is not None and not _supports(common, cc):
+                return False
+            marked = [mark for mark in map(_ccs_of, checks.values()) if mark is not None]
+            return not marked or any(_supports(mark, cc) for mark in marked)
 
         wrapper.is_backend_supported = is_backend_supported
         wrapper.is_compute_capability_supported = is_compute_capability_supported

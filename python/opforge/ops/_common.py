@@ -1,8 +1,9 @@
 """What every built-in op shares: argument checks that only Python can make, the backend checks
 ("cuda", "cpu", "torch"), the heuristic for ``backend="auto"``, and the torch.library namespace.
 
-Shape, dtype, device, stride and aliasing checks live in the compiled bindings (one source of
-truth, microseconds cheaper than Python); the "torch" backend runs them too, without launching.
+Shape, dtype, device, stride, storage and aliasing checks live in the compiled bindings (one
+source of truth, microseconds cheaper than Python, and kept by skip_check=True); the "torch"
+backend runs them too, without launching.
 """
 
 from __future__ import annotations
@@ -12,18 +13,15 @@ import torch
 from .. import _ext
 from ..backend import supported_compute_capability
 
-#: Every compute capability CUDA 13 compiles for; whether *this* build has code for the GPU is
-#: checked separately (``_ext.arch_problem``), with the rebuild command in the message.
-CUDA_CCS = (75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121)
-
 LIBRARY = "opforge"
 
 Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 
 
-def first_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
-    value = args[0] if args else next(iter(kwargs.values()), None)
+def first_tensor(args: tuple) -> torch.Tensor:
+    # backend_requirement moves the first parameter to args[0] when it comes by keyword.
+    value = args[0] if args else None
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"the first argument must be a torch.Tensor, got {type(value).__name__}")
     return value
@@ -44,13 +42,18 @@ def check_tensors(names: tuple[str, ...], values: tuple, required: int) -> None:
         if not isinstance(value, Tensor) and (i < required or value is not None):
             raise _type_error(names[i], value, i >= required)
         i += 1
-    # Autograd cannot see through the compiled kernels: refuse instead of silently returning
-    # results with no gradient.
+    refuse_grad(names, values)
+
+
+def refuse_grad(names: tuple[str, ...], values: tuple, prefix: str = "") -> None:
+    """Autograd cannot see through the compiled kernels: refuse tensors that need grad while grad
+    mode is on, instead of silently returning results with no gradient. Also run while
+    torch.compile traces a call (``prefix`` names the op there), where it fails the compile."""
     if _grad_enabled():
         for i, value in enumerate(values):
             if value is not None and value.requires_grad:
                 raise ValueError(
-                    f"{names[i]} requires grad, but opforge ops have no backward; call under "
+                    f"{prefix}{names[i]} requires grad, but opforge ops have no backward; call under "
                     f"torch.no_grad() / torch.inference_mode() or pass {names[i]}.detach()"
                 )
 
@@ -58,11 +61,17 @@ def check_tensors(names: tuple[str, ...], values: tuple, required: int) -> None:
 def check_float(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if isinstance(value, int):
+        try:
+            float(value)
+        except OverflowError:
+            raise ValueError(f"{name} is an integer of {len(str(abs(value)))} digits, too large for a float; "
+                             "accepted: a float (at most 1.8e308 in magnitude)") from None
 
 
-@supported_compute_capability(CUDA_CCS)
+@supported_compute_capability(_ext.build_runs_on)
 def cuda_check(*args, **kwargs) -> bool:
-    t = first_tensor(args, kwargs)
+    t = first_tensor(args)
     if not t.is_cuda:
         raise ValueError(f"needs CUDA tensors; the input is on {t.device}")
     problem = _ext.arch_problem(t.get_device())
@@ -72,7 +81,7 @@ def cuda_check(*args, **kwargs) -> bool:
 
 
 def cpu_check(*args, **kwargs) -> bool:
-    t = first_tensor(args, kwargs)
+    t = first_tensor(args)
     if not t.is_cpu:
         raise ValueError(f"needs CPU tensors; the input is on {t.device}")
     return True
@@ -88,21 +97,7 @@ _CUDA_FIRST, _CPU_FIRST = ("cuda",), ("cpu",)
 def native_backend(backends, *args, **kwargs) -> tuple[str, ...]:
     """``auto`` runs opforge's own kernel for the tensors' device; the plain-PyTorch "torch"
     backend is only ever used when asked for, never as a silent fallback."""
-    return _CUDA_FIRST if first_tensor(args, kwargs).is_cuda else _CPU_FIRST
+    return _CUDA_FIRST if first_tensor(args).is_cuda else _CPU_FIRST
 
 
 BACKEND_CHECKS = {"cuda": cuda_check, "cpu": cpu_check, "torch": torch_check}
-
-
-def raise_unexportable(op: str, *named: tuple[str, object]):
-    """Explain why a tensor could not be handed to the kernels (called only after the export failed)."""
-    for name, value in named:
-        if isinstance(value, Tensor) and value.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"opforge.{op}: {name} is on {value.device}; accepted: cpu or cuda tensors")
-    for name, value in named:
-        if isinstance(value, Tensor):
-            try:
-                torch._C._to_dlpack(value)
-            except (BufferError, RuntimeError) as exc:
-                raise ValueError(f"opforge.{op}: {name} cannot be passed to the kernels: {exc}") from None
-    raise ValueError(f"opforge.{op}: the arguments cannot be passed to the kernels")

@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext
-from .._ext import cuda_stream, to_capsule
+from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, raise_unexportable
+from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
 
@@ -42,14 +42,10 @@ def _out_like(input: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _run(out, input, activation: str, backend: str) -> None:
-    code = ACTIVATIONS[activation][0]
     launch = backend != "torch"
-    try:
-        out_c, in_c = to_capsule(out), to_capsule(input)
-    except (BufferError, RuntimeError):
-        raise_unexportable(f"{activation}_and_mul", ("input", input), ("out", out))
     # For the "torch" backend the binding only validates (launch=False); the reference computes.
-    _C.act_and_mul(out_c, in_c, code, cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch)
+    stream = cuda_stream(input.get_device()) if launch and input.is_cuda else 0
+    _C.act_and_mul(out, input, ACTIVATIONS[activation][0], stream, launch)
     if not launch:
         out.copy_(act_and_mul_reference(input, activation))
 
@@ -78,6 +74,7 @@ def _make(activation: str, doc: str):
     name = f"{activation}_and_mul"
 
     def traced(input, out=None, *, backend="auto"):
+        refuse_grad(_ARGS, (input, out), f"opforge.{name}: ")
         out = _out_like(input, name) if out is None else out
         _act_and_mul_op(out, input, activation)
         return out

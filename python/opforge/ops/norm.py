@@ -20,10 +20,10 @@ from typing import Optional
 import torch
 
 from .. import _ext
-from .._ext import cuda_stream, to_capsule
+from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, raise_unexportable
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
 
@@ -44,21 +44,12 @@ def norm_reference(input, weight, eps, gemma=False, residual=None):
 
 
 def _run(out, input, residual, residual_out, weight, eps, gemma, backend):
-    # The binding validates shapes, dtypes, devices, strides and aliasing before anything runs;
-    # for the "torch" backend it only validates (launch=False), then the reference computes.
+    # The binding validates shapes, dtypes, devices, strides, storages and aliasing before
+    # anything runs; for the "torch" backend it only validates (launch=False), then the
+    # reference computes.
     launch = backend != "torch"
-    try:
-        caps = (
-            to_capsule(out),
-            to_capsule(input),
-            None if residual is None else to_capsule(residual),
-            None if residual_out is None else to_capsule(residual_out),
-            to_capsule(weight),
-        )
-    except (BufferError, RuntimeError):
-        raise_unexportable(_op_name(residual is not None, gemma), ("input", input), ("residual", residual),
-                           ("weight", weight), ("out", out), ("residual_out", residual_out))
-    _C.norm(*caps, eps, gemma, cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch)
+    _C.norm(out, input, residual, residual_out, weight, eps, gemma,
+            cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch)
     if not launch:
         ref_out, ref_res = norm_reference(input, weight, eps, gemma, residual)
         if ref_res is not None:
@@ -92,7 +83,10 @@ def _norm_fake(out, input, residual, residual_out, weight, eps, gemma) -> None:
 
 
 def _traced_norm(gemma: bool):
+    prefix = f"opforge.{_op_name(False, gemma)}: "
+
     def traced(input, weight, eps=1e-6, out=None, *, backend="auto"):
+        refuse_grad(_NORM_ARGS, (input, weight, out), prefix)
         out = torch.empty_like(input) if out is None else out
         _norm_op(out, input, None, None, weight, float(eps), gemma)
         return out
@@ -101,7 +95,10 @@ def _traced_norm(gemma: bool):
 
 
 def _traced_add_norm(gemma: bool):
+    prefix = f"opforge.{_op_name(True, gemma)}: "
+
     def traced(input, residual, weight, eps=1e-6, out=None, residual_out=None, *, backend="auto"):
+        refuse_grad(_ADD_NORM_ARGS, (input, residual, weight, out, residual_out), prefix)
         out = torch.empty_like(input) if out is None else out
         residual_out = torch.empty_like(residual) if residual_out is None else residual_out
         _norm_op(out, input, residual, residual_out, weight, float(eps), gemma)

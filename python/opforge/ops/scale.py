@@ -7,10 +7,10 @@ from typing import Optional
 import torch
 
 from .. import _ext
-from .._ext import cuda_stream, to_capsule
+from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
-from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, raise_unexportable
+from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
 
@@ -22,12 +22,8 @@ def scale_reference(x: torch.Tensor, factor: float) -> torch.Tensor:
 
 def _run(out, x, factor: float, backend: str) -> None:
     launch = backend != "torch"
-    try:
-        out_c, x_c = to_capsule(out), to_capsule(x)
-    except (BufferError, RuntimeError):
-        raise_unexportable("scale", ("x", x), ("out", out))
     # For the "torch" backend the binding only validates (launch=False); the reference computes.
-    _C.scale(out_c, x_c, factor, cuda_stream(x.get_device()) if launch and x.is_cuda else 0, launch)
+    _C.scale(out, x, factor, cuda_stream(x.get_device()) if launch and x.is_cuda else 0, launch)
     if not launch:
         out.copy_(scale_reference(x, factor))
 
@@ -44,6 +40,7 @@ def _scale_fake(out, x, factor) -> None:
 
 
 def _traced(x, factor, out=None, *, backend="auto"):
+    refuse_grad(_ARGS, (x, out), "opforge.scale: ")
     out = torch.empty_like(x) if out is None else out
     _scale_op(out, x, float(factor))
     return out
