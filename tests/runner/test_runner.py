@@ -158,11 +158,15 @@ from opforge.registry import BACKENDS
 Path(os.environ["OPFORGE_TEST_PIDS"], f"import-{os.getpid()}").touch()
 
 def mul(x, w):
-    Path(os.environ["OPFORGE_TEST_PIDS"], f"call-{os.getpid()}").touch()
+    Path(os.environ["OPFORGE_TEST_PIDS"], f"call-{os.getpid()}-one").touch()
+    return x * w
+
+def mul_too(x, w):
+    Path(os.environ["OPFORGE_TEST_PIDS"], f"call-{os.getpid()}-two").touch()
     return x * w
 
 BACKENDS.register("mul_h8_from_module", mul, "x * w from a module", "pytorch", definition="mul_h8")
-BACKENDS.register("mul_h8_from_module_too", mul, "the same again", "pytorch", definition="mul_h8")
+BACKENDS.register("mul_h8_from_module_too", mul_too, "the same again", "pytorch", definition="mul_h8")
 """
 
 
@@ -179,10 +183,13 @@ def test_module_solutions_run_only_in_workers(tmp_path, monkeypatch, isolate):
     assert all(t.is_successful() for t in traces), [t.evaluation.log for t in traces]
     assert "my_kernels" not in sys.modules
     seen = {p.name for p in pids.iterdir()}
-    assert f"import-{os.getpid()}" not in seen and f"call-{os.getpid()}" not in seen
-    callers = {n for n in seen if n.startswith("call-")}
-    # Each solution has a worker of its own; with isolate, a fresh one for each workload too.
-    assert len(callers) == (4 if isolate else 2)
+    assert not any(n.split("-")[1] == str(os.getpid()) for n in seen)
+    calls = [n.split("-")[1:] for n in seen if n.startswith("call-")]
+    # No worker serves two solutions; with isolate, a fresh one for each workload too.
+    served = {pid: {name for p, name in calls if p == pid} for pid, _ in calls}
+    assert all(len(names) == 1 for names in served.values()), served
+    assert {name for _, name in calls} == {"one", "two"}
+    assert len(served) >= (4 if isolate else 2)
     # The module's solutions are now part of the dataset, so the traces reload.
     assert len(TraceSet.load(tmp_path / "ds").get_traces(DEF)) == 4
 

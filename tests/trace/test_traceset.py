@@ -12,8 +12,8 @@ import pytest
 
 from opforge.trace import (AxisConst, AxisVar, BlobError, BuildSpec, Correctness, Definition, DuplicateError,
                            Environment, Evaluation, LoadError, NotFoundError, Performance, RandomInput,
-                           SafetensorsInput, ScalarInput, Solution, SourceFile, TensorSpec, Trace, TraceSet,
-                           UnknownDefinitionError, UnknownSolutionError, Workload, WorkloadError,
+                           SafetensorsInput, ScalarInput, SchemaError, Solution, SourceFile, TensorSpec, Trace,
+                           TraceSet, UnknownDefinitionError, UnknownSolutionError, Workload, WorkloadError,
                            check_safetensors_input, load_safetensors_input, save_safetensors_blob,
                            workload_blob_relpath)
 
@@ -404,8 +404,8 @@ def test_blob_helpers(tmp_path):
     spec = SafetensorsInput(path=relative, tensor_key="w")
     assert torch.equal(load_safetensors_input(tmp_path, spec, (2, 3), "int32"), w)
     check_safetensors_input(tmp_path, spec, [2, 3], "int32")
-    absolute = SafetensorsInput(path=str(tmp_path / relative), tensor_key="w")
-    assert torch.equal(load_safetensors_input(None, absolute), w)
+    with pytest.raises(SchemaError, match="path: path '/.*' must be relative, not absolute"):
+        SafetensorsInput(path=str(tmp_path / relative), tensor_key="w")
     with pytest.raises(BlobError, match="already exists"):
         save_safetensors_blob(tmp_path, relative, {"w": w})
     with pytest.raises(BlobError, match="where: .* has shape \\(2, 3\\), expected \\(3, 2\\)"):

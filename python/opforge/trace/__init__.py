@@ -8,8 +8,8 @@ needs neither a GPU nor torch (torch is imported only where tensors are made).
 from .blob import (check_safetensors_input, load_safetensors_input, read_safetensors_header,
                    save_safetensors_blob, workload_blob_relpath)
 from .dtypes import DType
-from .errors import (BlobError, ConstraintError, DuplicateError, ExpressionError, LoadError, NotFoundError,
-                     SchemaError, UnknownDefinitionError, UnknownSolutionError, WorkloadError)
+from .errors import (BlobError, ConstraintError, DatasetPathError, DuplicateError, ExpressionError, LoadError,
+                     NotFoundError, SchemaError, UnknownDefinitionError, UnknownSolutionError, WorkloadError)
 from .extensions import IndptrDomain, RangeDomain, Tolerance, ValueDomain
 from .schema import AxisConst, AxisSpec, AxisVar, Definition, TensorSpec
 from .solution import BuildSpec, Solution, SourceFile, SupportedBindings, SupportedLanguages
@@ -20,11 +20,11 @@ from .workload import InputSpec, RandomInput, SafetensorsInput, ScalarInput, Wor
 
 __all__ = [
     "AxisConst", "AxisSpec", "AxisVar", "BlobError", "BuildSpec", "ConstraintError", "Correctness",
-    "DType", "Definition", "DuplicateError", "Environment", "Evaluation", "EvaluationStatus",
-    "ExpressionError", "IndptrDomain", "InputSpec", "LoadError", "NotFoundError", "Performance",
-    "RandomInput", "RangeDomain", "SafetensorsInput", "ScalarInput", "SchemaError", "Solution",
-    "SourceFile", "SupportedBindings", "SupportedLanguages", "TensorSpec", "Tolerance", "Trace",
-    "TraceSet", "UnknownDefinitionError", "UnknownSolutionError", "ValueDomain", "Workload",
+    "DType", "DatasetPathError", "Definition", "DuplicateError", "Environment", "Evaluation",
+    "EvaluationStatus", "ExpressionError", "IndptrDomain", "InputSpec", "LoadError", "NotFoundError",
+    "Performance", "RandomInput", "RangeDomain", "SafetensorsInput", "ScalarInput", "SchemaError",
+    "Solution", "SourceFile", "SupportedBindings", "SupportedLanguages", "TensorSpec", "Tolerance",
+    "Trace", "TraceSet", "UnknownDefinitionError", "UnknownSolutionError", "ValueDomain", "Workload",
     "WorkloadError", "check_safetensors_input", "load_safetensors_input", "read_safetensors_header",
     "save_safetensors_blob", "utc_timestamp", "workload_blob_relpath",
 ]

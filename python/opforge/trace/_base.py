@@ -16,11 +16,20 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from .errors import SchemaError
+
+# Integers that reach torch (axis sizes, scalar inputs, seeds) must fit its int64: a larger one
+# fails deep inside a benchmark ("Overflow when unpacking long long") instead of at validation.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+Size = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+
+
+def int64_message(value: Any) -> str:
+    return f"{_short(value)} does not fit in int64 ({INT64_MIN} to {INT64_MAX})"
 
 
 class TraceModel(BaseModel):
@@ -166,6 +175,8 @@ def _message(err: dict) -> tuple[str, str]:
         return "", f"missing the {str(ctx.get('discriminator', 'type')).strip(chr(39))!r} field"
     if kind == "literal_error":
         return "", f"{value!r} is not {str(ctx.get('expected', '')).replace(chr(39), '')}"
+    if kind == "less_than_equal" and ctx.get("le") == INT64_MAX:
+        return "", int64_message(value)
     msg = str(err.get("msg", "invalid value"))
     msg = msg.removeprefix("Value error, ")
     if kind.endswith("_type") or kind.endswith("_parsing") or kind in ("greater_than", "greater_than_equal",

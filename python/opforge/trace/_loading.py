@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ._io import iter_jsonl, read_json, read_model, schema_to_load_error
+from ._paths import dataset_files
 from .errors import (BlobError, DuplicateError, LoadError, SchemaError, UnknownDefinitionError,
                      UnknownSolutionError, WorkloadError)
 from .schema import Definition
@@ -29,17 +30,20 @@ class LoadingMixin:
         logger.warning("%s", error)
 
     def _load_folder(self, strict: bool, check_blobs: bool) -> None:
-        root = self.root
-        for file in sorted((root / "definitions").rglob("*.json")):
-            self._load_object(Definition, file, self.add_definition, strict)
-        for file in sorted((root / "solutions").rglob("*.json")):
-            self._load_object(Solution, file, self.add_solution, strict)
-        for section in ("workloads", "traces"):
-            for file in sorted((root / section).rglob("*.jsonl")):
-                self._load_lines(file, section == "workloads", strict, check_blobs)
+        for folder, suffix in (("definitions", ".json"), ("solutions", ".json"), ("workloads", ".jsonl"),
+                               ("traces", ".jsonl")):
+            for relative, problem in dataset_files(self.root, folder, suffix):
+                if problem:
+                    self._report(LoadError(relative, None, f"{problem} (skipped)"), strict)
+                elif folder == "definitions":
+                    self._load_object(Definition, relative, self.add_definition, strict)
+                elif folder == "solutions":
+                    self._load_object(Solution, relative, self.add_solution, strict)
+                else:
+                    self._load_lines(relative, folder == "workloads", strict, check_blobs)
 
-    def _load_object(self, model_cls, file: Path, add, strict: bool) -> None:
-        display = file.relative_to(self.root).as_posix()
+    def _load_object(self, model_cls, display: str, add, strict: bool) -> None:
+        file = self.root / display
         try:
             obj = read_model(model_cls, file, display)
         except LoadError as error:
@@ -61,9 +65,8 @@ class LoadingMixin:
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             self._failed.setdefault(data["name"], display)
 
-    def _load_lines(self, file: Path, workloads: bool, strict: bool, check_blobs: bool) -> None:
-        display = file.relative_to(self.root).as_posix()
-        for number, item in iter_jsonl(Trace, file, display):
+    def _load_lines(self, display: str, workloads: bool, strict: bool, check_blobs: bool) -> None:
+        for number, item in iter_jsonl(Trace, self.root / display, display):
             if isinstance(item, LoadError):
                 self._report(item, strict)
                 continue

@@ -5,17 +5,19 @@ FlashInfer-Trace layout. A file whose objects are all unchanged since they were 
 alone (or copied byte for byte when saving elsewhere), so saving never reformats files nobody
 edited. A file that is rewritten holds what this TraceSet has: lines that failed to load from it
 are not kept. Existing files this TraceSet neither loaded nor wrote are not overwritten unless
-asked.
+asked. Every file is written whole (see _io.write_atomic) and only inside the dataset folder:
+every destination is checked with _paths.dataset_path before anything is written, so a save
+that would go through a symbolic link or out of the folder writes nothing.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import Optional
 
 from ._base import TraceModel, dumps
-from ._io import append_line, write_text
+from ._io import append_line, copy_file, write_text
+from ._paths import dataset_path
+from .blob import blob_path
 from .workload import SafetensorsInput
 
 
@@ -54,8 +56,9 @@ class SavingMixin:
         if self.root is None:
             raise ValueError("persist=True needs a TraceSet with a root folder")
         relative = self._line_path(trace)
-        known = relative in self._file_counts or not (self.root / relative).exists()
-        append_line(self.root / relative, dumps(trace.to_dict(), indent=None))
+        path = dataset_path(self.root, relative)
+        known = relative in self._file_counts or not path.exists()
+        append_line(path, dumps(trace.to_dict(), indent=None))
         if known:
             self._mark_loaded(trace, relative)
         else:
@@ -89,24 +92,28 @@ class SavingMixin:
         out = Path(path)
         same = self.root is not None and self.root.resolve() == out.resolve()
         plan = self._plan()
+        targets = {relative: dataset_path(out, relative) for relative in plan}
+        blobs = self._blobs_to_copy(out) if self.root is not None and not same else []
         known = self._known_files.get(str(out.resolve()), set())
-        clobbered = [r for r in plan if (out / r).exists() and r not in known and not (same and r in self._file_counts)]
+        clobbered = [r for r, target in targets.items()
+                     if target.exists() and r not in known and not (same and r in self._file_counts)]
         if clobbered and not overwrite:
             raise FileExistsError(f"{out}: would replace files this TraceSet did not load: "
                                   f"{', '.join(sorted(clobbered))} (load the folder first, or pass overwrite=True)")
         for relative, members in plan.items():
-            source: Optional[Path] = self.root / relative if self.root is not None else None
-            if self._unchanged(relative, members) and source is not None and source.is_file():
-                if not same:
-                    write_bytes(out / relative, source.read_bytes())
-                continue
+            if self._unchanged(relative, members) and self.root is not None:
+                source = dataset_path(self.root, relative)
+                if source.is_file():
+                    if not same:
+                        copy_file(source, targets[relative])
+                    continue
             if relative.endswith(".jsonl"):
                 text = "".join(dumps(m.to_dict(), indent=None) + "\n" for m in members)
             else:
                 text = dumps(members[0].to_dict())
-            write_text(out / relative, text)
-        if self.root is not None and not same:
-            self._copy_blobs(out)
+            write_text(targets[relative], text)
+        for src, dst in blobs:
+            copy_file(src, dst)
         self._known_files.setdefault(str(out.resolve()), set()).update(plan)
         if same or self.root is None:
             self.root = out
@@ -116,20 +123,14 @@ class SavingMixin:
                     self._mark_loaded(m, relative)
         return out
 
-    def _copy_blobs(self, out: Path) -> None:
+    def _blobs_to_copy(self, out: Path) -> list[tuple[Path, Path]]:
+        """(source, destination) of the blobs the workloads refer to that ``out`` lacks; BlobError
+        for one whose path leads out of either folder."""
+        pairs = []
         for t in self._lines:
             for spec in t.workload.inputs.values():
-                if isinstance(spec, SafetensorsInput) and not Path(spec.path).is_absolute():
-                    src, dst = self.root / spec.path, out / spec.path
-                    if src.is_file() and not dst.exists():
-                        dst.parent.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(src, dst)
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    if path.is_file() and path.read_bytes() == data:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+                if isinstance(spec, SafetensorsInput):
+                    src, dst = blob_path(self.root, spec.path), blob_path(out, spec.path)
+                    if src.is_file() and not dst.exists() and (src, dst) not in pairs:
+                        pairs.append((src, dst))
+        return pairs

@@ -3,30 +3,36 @@
 FlashInfer-Trace stores them under ``blob/workloads/<op_type>/<definition>/
 <definition>_<uuid>.safetensors`` and refers to them from a workload input as
 ``{"type": "safetensors", "path": <path relative to the dataset root>, "tensor_key": <key>}``.
+A blob is never read or written outside the dataset folder nor through a symbolic link (see
+_paths.py). Checking a blob reads its header only; the tensor is read when it is needed.
 torch is imported only here, when a blob is read or written.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Union
 
+from . import _io
+from ._paths import dataset_path, name_problem
 from .dtypes import DType
-from .errors import BlobError
-from .workload import SafetensorsInput
+from .errors import BlobError, DatasetPathError
+from .workload import BLOB_SUFFIX, SafetensorsInput
 
 PathLike = Union[str, Path]
 
 
-def blob_path(root: Optional[PathLike], spec: SafetensorsInput) -> Path:
-    """Where a safetensors input's file is: ``spec.path`` under ``root`` (absolute paths as is)."""
-    path = Path(spec.path)
-    if path.is_absolute():
-        return path
+def blob_path(root: Optional[PathLike], relative: str) -> Path:
+    """Where a blob is: ``relative`` under the dataset ``root``, refused (BlobError) if that
+    leads out of the dataset (see _paths.dataset_path)."""
     if root is None:
-        raise BlobError(f"safetensors input {spec.path!r} is relative, but the TraceSet has no root folder")
-    return Path(root) / path
+        raise BlobError(f"safetensors input {relative!r} is relative, but the TraceSet has no root folder")
+    try:
+        return dataset_path(Path(root), relative)
+    except DatasetPathError as exc:
+        raise BlobError(f"safetensors path refused: {exc}") from None
 
 
 _HEADER_DTYPES = {
@@ -34,19 +40,23 @@ _HEADER_DTYPES = {
     "F8_E5M2": "float8_e5m2", "F4": "float4_e2m1", "I64": "int64", "I32": "int32", "I16": "int16",
     "I8": "int8", "BOOL": "bool",
 }
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 def read_safetensors_header(path: PathLike) -> dict:
     """The JSON header of a safetensors file ({key: {"dtype", "shape", "data_offsets"}}),
-    read without torch. ValueError if the file is not a safetensors file."""
+    read without torch and without reading the tensors. ValueError if the file is not a
+    safetensors file or its header is larger than _io.MAX_RECORD_BYTES."""
     with open(path, "rb") as handle:
         head = handle.read(8)
         if len(head) != 8:
             raise ValueError("file is shorter than a safetensors header")
         size = int.from_bytes(head, "little")
-        if size <= 1 or size > _MAX_HEADER:
-            raise ValueError(f"implausible header length {size}")
+        room = os.fstat(handle.fileno()).st_size - 8
+        if size <= 1 or size > room:
+            raise ValueError(f"implausible header length {size} (the file has {room} bytes after it)")
+        if size > _io.MAX_RECORD_BYTES:
+            raise ValueError(f"header is {size} bytes, more than the {_io.MAX_RECORD_BYTES} read "
+                             "(opforge.trace._io.MAX_RECORD_BYTES)")
         raw = handle.read(size)
     if len(raw) != size:
         raise ValueError("file ends inside the header")
@@ -68,7 +78,10 @@ def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
     BlobError naming the file, the key and what differs. For float4_e2m1 the expected last
     dimension is the packed one (half the logical size)."""
     prefix = f"{where}: " if where else ""
-    path = blob_path(root, spec)
+    try:
+        path = blob_path(root, spec.path)
+    except BlobError as exc:
+        raise BlobError(f"{prefix}{exc}") from None
     if not path.is_file():
         raise BlobError(f"{prefix}safetensors file {spec.path} not found (looked at {path})")
     try:
@@ -114,18 +127,22 @@ def load_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
 
 
 def save_safetensors_blob(root: PathLike, relative_path: str, tensors: Mapping[str, object]) -> str:
-    """Write tensors (moved to CPU, made contiguous) to ``root/relative_path``; refuses to
-    overwrite an existing file. Returns ``relative_path``."""
+    """Write tensors (moved to CPU, made contiguous) to ``root/relative_path`` (written whole,
+    see _io.write_atomic); refuses to overwrite an existing file or to write outside ``root``.
+    Returns ``relative_path``."""
     from safetensors.torch import save_file
 
-    path = Path(root) / relative_path
+    path = blob_path(root, relative_path)
     if path.exists():
         raise BlobError(f"safetensors file {relative_path} already exists")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(path))
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    _io.write_atomic(path, lambda tmp: save_file(cpu, str(tmp)))
     return relative_path
 
 
 def workload_blob_relpath(op_type: str, definition: str, workload_uuid: str) -> str:
     """FlashInfer-Trace's place for a workload's blob, relative to the dataset root."""
-    return f"blob/workloads/{op_type}/{definition}/{definition}_{workload_uuid}.safetensors"
+    problem = name_problem(f"{definition}_{workload_uuid}", "blob file name", BLOB_SUFFIX)
+    if problem:
+        raise ValueError(f"{definition}: workload uuid {workload_uuid!r}: {problem}")
+    return f"blob/workloads/{op_type}/{definition}/{definition}_{workload_uuid}{BLOB_SUFFIX}"

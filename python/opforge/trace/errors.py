@@ -103,7 +103,13 @@ class WorkloadError(ValueError):
 
 
 class BlobError(ValueError):
-    """A safetensors blob of a workload that is missing, unreadable or of the wrong shape/dtype."""
+    """A safetensors blob of a workload that is missing, unreadable, of the wrong shape/dtype, or
+    outside the dataset folder."""
+
+
+class DatasetPathError(ValueError):
+    """A path that would take a read or write out of a dataset folder: absolute, with '..', or
+    through a symbolic link below the dataset root."""
 
 
 class DuplicateError(ValueError):

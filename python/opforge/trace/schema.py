@@ -33,29 +33,24 @@ from typing import Annotated, Any, Callable, Literal, Mapping, Optional, Union
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from . import expr as _expr
-from ._base import TraceModel, canonical_hash_text
+from ._base import INT64_MAX, TraceModel, canonical_hash_text
+from ._paths import name_problem
 from .dtypes import DType
 from .errors import ConstraintError, ExpressionError, SchemaError, WorkloadError
 from .extensions import IndptrDomain, RangeDomain, Tolerance, ValueDomain
 from .workload import ScalarInput, Workload
 
 
-def check_name(value: str, what: str) -> Optional[str]:
-    """Why ``value`` cannot name a file (None when it can)."""
-    if not isinstance(value, str) or not value:
-        return f"{what} must be a non-empty string"
-    if value != value.strip():
-        return f"{what} {value!r} has leading or trailing whitespace"
-    if value in (".", "..") or any(c in value for c in "/\\") or any(ord(c) < 32 for c in value):
-        return f"{what} {value!r} cannot be used as a file name (no '/', '\\\\', control characters, '.' or '..')"
-    return None
+#: The longer suffix a Definition's name gets as a file name: ``<name>.json`` (the definition),
+#: ``<name>.jsonl`` (its workloads and traces).
+NAME_SUFFIX = ".jsonl"
 
 
 class AxisConst(TraceModel):
     """An axis with one fixed value per Definition (JSON ``{"type": "const", "value": 4096}``)."""
 
     type: Literal["const"] = "const"
-    value: Annotated[int, Field(strict=True, gt=0)]
+    value: Annotated[int, Field(strict=True, gt=0, le=INT64_MAX)]
     description: Optional[str] = None
 
 
@@ -104,8 +99,8 @@ class Definition(TraceModel):
 
     @model_validator(mode="after")
     def _validate(self) -> "Definition":
-        for field, what in (("name", "name"), ("op_type", "op_type")):
-            problem = check_name(getattr(self, field), what)
+        for field, suffix in (("name", NAME_SUFFIX), ("op_type", "")):
+            problem = name_problem(getattr(self, field), field, suffix)
             if problem:
                 raise SchemaError(field, problem)
         for i, tag in enumerate(self.tags):

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import posixpath
 from enum import Enum
 from typing import Annotated, Any, Optional
 
 from pydantic import Field, model_validator
 
 from ._base import TraceModel, canonical_hash_text
+from ._paths import name_problem
+from ._paths import relative_path_problem as source_path_problem  # the name registry.checks imports
 from .errors import SchemaError
-from .schema import check_name
+from .schema import NAME_SUFFIX
 
 
 class SupportedLanguages(str, Enum):
@@ -63,22 +64,6 @@ _DEFAULT_HARDWARE = {
     SupportedLanguages.BUILTIN: ["cpu", "cuda"],
     SupportedLanguages.CPP: ["cpu"],
 }
-
-
-def source_path_problem(path: str) -> Optional[str]:
-    """Why ``path`` is not a safe relative source path (None when it is)."""
-    if not isinstance(path, str) or not path:
-        return "path must be a non-empty string"
-    if "\\" in path:
-        return f"path {path!r} must use '/' separators"
-    if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
-        return f"path {path!r} must be relative, not absolute"
-    parts = path.split("/")
-    if ".." in parts:
-        return f"path {path!r} must not contain '..'"
-    if any(p in ("", ".") for p in parts) or posixpath.normpath(path) != path:
-        return f"path {path!r} is not normalized"
-    return None
 
 
 class SourceFile(TraceModel):
@@ -170,8 +155,9 @@ class Solution(TraceModel):
 
     @model_validator(mode="after")
     def _check(self) -> "Solution":
-        for field in ("name", "definition", "author"):
-            problem = check_name(getattr(self, field), field)
+        # A solution is saved as solutions/<author>/<op_type>/<definition>/<name>.json.
+        for field, suffix in (("name", ".json"), ("definition", NAME_SUFFIX), ("author", "")):
+            problem = name_problem(getattr(self, field), field, suffix)
             if problem:
                 raise SchemaError(field, problem)
         seen: dict[str, int] = {}

@@ -18,6 +18,13 @@ layout says; files whose objects did not change are left as they are (see _savin
 Loading reports every bad file or line as a LoadError (file, line, field, message), logs a
 warning, and loads the rest (``load_errors`` lists them); ``strict=True`` raises the first.
 Objects that depend on a bad one (the solutions of a definition that failed) are reported too.
+
+A dataset stays inside its folder. Symbolic links below the root are never followed, even
+ones that point inside it: when loading, a linked file or folder is reported once and skipped;
+appending or saving through one, or to a blob path that leads out of the folder, raises
+DatasetPathError (BlobError for blobs) before anything is written. A JSON file or JSONL line
+larger than ``opforge.trace._io.MAX_RECORD_BYTES`` is reported without being read; blobs are
+checked from their headers. Files are written whole and fsynced, appended lines fsynced.
 """
 
 from __future__ import annotations
@@ -128,10 +135,10 @@ class TraceSet(LoadingMixin, SavingMixin):
         definition.check_workload(trace.workload)
         if any(t.workload.uuid == trace.workload.uuid for t in self.workloads[definition_name]):
             raise DuplicateError(f"{definition_name}: workload uuid {trace.workload.uuid!r} already exists")
+        if persist:  # first, so that a refused or failed write leaves the set as it was
+            self._append(trace)
         self.workloads[definition_name].append(trace)
         self._lines.append(trace)
-        if persist:
-            self._append(trace)
         return trace
 
     def add_trace(self, trace: Trace, *, persist: bool = False) -> Trace:
@@ -148,10 +155,10 @@ class TraceSet(LoadingMixin, SavingMixin):
             raise UnknownSolutionError(f"trace for {trace.definition!r}: solution {trace.solution!r} {why}"
                                          f"{self._failed_hint(trace.solution)}")
         definition.check_workload(trace.workload)
+        if persist:  # first, so that a refused or failed write leaves the set as it was
+            self._append(trace)
         self.traces[trace.definition].append(trace)
         self._lines.append(trace)
-        if persist:
-            self._append(trace)
         return trace
 
     def _require_definition(self, name: str, what: str) -> Definition:

@@ -9,21 +9,26 @@ JSON (FlashInfer-Trace)::
      "uuid": "6120f144-b973-4bd9-b884-77ecb132914e"}
 
 opforge adds ``"seed"`` (an int, written only when set): the random source that makes
-``random`` inputs reproducible. A safetensors ``path`` is relative to the dataset root (an
-absolute path is used as it is).
+``random`` inputs reproducible. A safetensors ``path`` is relative to the dataset root and must
+stay inside it: absolute paths and '..' are refused. Axis values and the seed are non-negative
+and fit in int64, as do integer scalar values; the uuid must be usable in a file name (the
+blob of a captured workload is named after it).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from ._base import TraceModel
+from ._base import INT64_MAX, INT64_MIN, Size, TraceModel, int64_message
+from ._paths import name_problem, relative_path_problem
 from .errors import SchemaError
 
-NonNegativeInt = Annotated[int, Field(strict=True, ge=0)]
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+
+#: The suffix of a captured workload's blob file, ``<definition>_<uuid>.safetensors``.
+BLOB_SUFFIX = ".safetensors"
 
 
 class RandomInput(TraceModel):
@@ -38,6 +43,14 @@ class ScalarInput(TraceModel):
     type: Literal["scalar"] = "scalar"
     value: Union[StrictBool, StrictInt, StrictFloat]
 
+    @field_validator("value", mode="before")
+    @classmethod
+    def _int64(cls, value):
+        # Checked before the union: an int too large for int64 would otherwise pass as a float.
+        if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
+            raise SchemaError("", int64_message(value))
+        return value
+
 
 class SafetensorsInput(TraceModel):
     """A tensor stored under ``tensor_key`` in a safetensors file at ``path``."""
@@ -45,6 +58,13 @@ class SafetensorsInput(TraceModel):
     type: Literal["safetensors"] = "safetensors"
     path: NonEmptyStr
     tensor_key: NonEmptyStr
+
+    @model_validator(mode="after")
+    def _check(self) -> "SafetensorsInput":
+        problem = relative_path_problem(self.path)
+        if problem:
+            raise SchemaError("path", f"{problem} (safetensors paths are relative to the dataset root)")
+        return self
 
 
 InputSpec = Annotated[Union[RandomInput, ScalarInput, SafetensorsInput], Field(discriminator="type")]
@@ -55,13 +75,16 @@ class Workload(TraceModel):
 
     _omit_when_empty = ("seed",)
 
-    axes: dict[str, NonNegativeInt]
+    axes: dict[str, Size]
     inputs: dict[str, InputSpec]
     uuid: NonEmptyStr
-    seed: Optional[NonNegativeInt] = None
+    seed: Optional[Size] = None
 
     @model_validator(mode="after")
     def _check(self) -> "Workload":
+        problem = name_problem(self.uuid, "uuid", BLOB_SUFFIX)
+        if problem:
+            raise SchemaError("uuid", problem)
         for name in self.axes:
             if not name:
                 raise SchemaError("axes", "axis names must be non-empty")
