@@ -79,7 +79,13 @@ def make_spill_folder() -> Path:
 
 class Device:
     """One device: its calibration, environment, and a worker per solution with what was built
-    and loaded in each."""
+    and loaded in each.
+
+    Solutions that need no isolation from each other (``trusted``: the Definitions' references,
+    whose code this process runs itself) share one worker for the whole run. A blank worker is
+    kept started ahead of need (torch imported, the device set up, no solution code), so a
+    solution rarely waits for a process to start.
+    """
 
     def __init__(self, device: str, modules_of: dict[str, list[str]], log_dir: Path, spill: Optional[Path],
                  isolate: bool = False):
@@ -88,13 +94,18 @@ class Device:
         self.log_dir, self.spill, self.isolate = log_dir, spill, isolate
         self.environment: Optional[Environment] = None
         self.calibration: Optional[dict] = None
-        self.workers: dict[str, WorkerProcess] = {}
+        self.trusted: set[str] = set()
+        self.workers: dict[str, WorkerProcess] = {}  # by solution name; "" is the trusted one
+        self._spare: Optional[WorkerProcess] = None
         self._built: dict[str, tuple[int, dict]] = {}  # solution name -> (worker start, reply)
-        self._loaded: dict[str, tuple[int, int]] = {}  # solution name -> (worker start, case serial)
+        self._loaded: dict[str, tuple[int, int]] = {}  # worker key -> (worker start, case serial)
+
+    def _new_worker(self) -> WorkerProcess:
+        return WorkerProcess(self.device, self.log_dir, self.spill)
 
     def hello(self) -> None:
         """Calibrate and describe the device, in a worker that loads no solution code."""
-        worker = WorkerProcess(self.device, [], self.log_dir, self.spill)
+        worker = self._new_worker()
         try:
             reply = worker.request({"op": "hello", "calibrate": True}, timeout=HELLO_TIMEOUT_S)
         except WorkerFailure as exc:
@@ -108,11 +119,16 @@ class Device:
         self.environment = Environment(**reply["environment"])
         self.calibration = reply["calibration"]
 
+    def _key(self, solution: str) -> str:
+        return "" if solution in self.trusted else solution
+
     def worker(self, solution: str) -> WorkerProcess:
-        if solution not in self.workers:
-            self.workers[solution] = WorkerProcess(self.device, self.modules_of.get(solution, []), self.log_dir,
-                                                   self.spill)
-        return self.workers[solution]
+        key = self._key(solution)
+        if key not in self.workers:
+            self.workers[key] = self._spare if self._spare is not None else self._new_worker()
+            self._spare = self._new_worker()
+            self._spare.start()  # it gets ready while this one works
+        return self.workers[key]
 
     def request(self, solution: str, message: dict, timeout: float) -> dict:
         return self.worker(solution).request(message, timeout)
@@ -123,35 +139,47 @@ class Device:
         seen = self._built.get(solution.name)
         if seen is not None and seen[0] == worker.starts and worker.alive:
             return seen[1]
-        reply = worker.request({"op": "build", "solution": solution.to_dict(), "definition": definition.to_dict()},
-                               timeout=timeout)
+        reply = worker.request({"op": "build", "solution": solution.to_dict(), "definition": definition.to_dict(),
+                                "modules": self.modules_of.get(solution.name, [])}, timeout=timeout)
         self._built[solution.name] = (worker.starts, reply)
         return reply
 
     def load(self, solution: str, case, timeout: float) -> None:
         """Send the case's input sets to the solution's worker once; again only to a worker that
         restarted since."""
-        worker = self.worker(solution)
-        if self._loaded.get(solution) != (worker.starts, case.serial) or not worker.alive:
+        key, worker = self._key(solution), self.worker(solution)
+        if self._loaded.get(key) != (worker.starts, case.serial) or not worker.alive:
             worker.request({"op": "load", "key": case.workload.uuid, "input_sets": case.sets}, timeout=timeout)
-            self._loaded[solution] = (worker.starts, case.serial)
+            self._loaded[key] = (worker.starts, case.serial)
 
     def done_with(self, solution: str) -> None:
         """The solution's evaluation on a workload is over: with ``isolate``, its worker goes."""
-        if self.isolate:
+        if self.isolate and solution not in self.trusted:
             self.retire(solution)
 
     def retire(self, solution: str) -> None:
-        worker = self.workers.pop(solution, None)
+        key = self._key(solution)
+        worker = self.workers.pop(key, None)
         if worker is not None:
             worker.stop()
-        self._built.pop(solution, None)
-        self._loaded.pop(solution, None)
+        self._loaded.pop(key, None)
+        for name in [n for n in self._built if self._key(n) == key]:
+            del self._built[name]
 
-    def forget(self) -> None:
-        for name in list(self.workers):
-            self.retire(name)
+    def finish_definition(self) -> None:
+        """The Definition's solutions are done: their workers go (the trusted one stays)."""
+        for key in [k for k in self.workers if k]:
+            self.retire(key)
+
+    def close(self) -> None:
+        self.finish_definition()
+        for worker in [self.workers.pop("", None), self._spare]:
+            if worker is not None:
+                worker.stop()
+        self._spare = None
+        self._built.clear()
+        self._loaded.clear()
 
     def kill(self) -> None:
-        for worker in list(self.workers.values()):
+        for worker in list(self.workers.values()) + ([self._spare] if self._spare else []):
             worker.kill()

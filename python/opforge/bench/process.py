@@ -5,7 +5,6 @@ through the supervisor, which kills the worker's whole tree."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -43,14 +42,15 @@ def _signal_name(code: int) -> str:
 
 
 class WorkerProcess:
-    """One worker on one device. Started on first use and again after it dies or is stopped."""
+    """One worker on one device. Started on first use (or ahead of it, with ``start``) and again
+    after it dies or is stopped."""
 
-    def __init__(self, device: str, modules: list[str], log_dir: Path, spill: Optional[Path] = None):
+    def __init__(self, device: str, log_dir: Path, spill: Optional[Path] = None):
         self.device = device
         self.spill = spill  # where large tensors of requests and replies go (see _wire)
-        self.modules = list(modules)
         self.log_dir = Path(log_dir)
         self.starts = 0
+        self._ready = False  # the worker said it is ready (see request)
         self._proc: Optional[subprocess.Popen] = None  # the supervisor
         self._conn: Optional[Connection] = None
         self._lifeline: Optional[int] = None  # closing it (or our death) ends the supervisor
@@ -81,13 +81,13 @@ class WorkerProcess:
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "opforge.bench.supervisor", str(lifeline_read), spill, "--",
-                 sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device,
-                 json.dumps(self.modules), spill],
+                 sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device, spill],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(theirs.fileno(), lifeline_read), env=env, start_new_session=True)
         theirs.close()
         os.close(lifeline_read)
         self._conn = Connection(ours.detach())
+        self._ready = False
 
     def stop(self) -> None:
         if self._conn is not None:
@@ -141,12 +141,14 @@ class WorkerProcess:
         dict (it is then killed); the next request starts a new one. A reply saying the worker
         is no longer healthy also retires it. The reply gets ``printed`` (what the worker wrote
         meanwhile) and ``wall_s`` (this process's clock from sending to the reply)."""
-        offset = 0
         if not self.alive:
             self.start()
-            # The worker says it is ready once torch and opforge are imported and before any
-            # solution code is: the request's own timeout then bounds the solution's imports.
-            self._receive(START_TIMEOUT_S, offset, "starting")
+        if not self._ready:
+            # The worker says it is ready once torch, opforge and the device are set up, before
+            # any solution code runs: the request's own timeout then bounds the solution's
+            # imports. (A worker started ahead of need may be ready already.)
+            self._receive(START_TIMEOUT_S, 0, "starting")
+            self._ready = True
         offset = self._log_path.stat().st_size if self._log_path.exists() else 0
         started = time.perf_counter()
         try:

@@ -136,9 +136,9 @@ class Benchmark:
         settings = Settings.model_validate({**self.config.defaults.model_dump(), **self.config.overrides})
         known = {s.name for group in self.trace_set.solutions.values() for s in group}
         for module in self.config.modules:
-            worker = WorkerProcess("cpu", [module], self.log_dir)
+            worker = WorkerProcess("cpu", self.log_dir)
             try:
-                reply = worker.request({"op": "discover"}, timeout=settings.timeout_s)
+                reply = worker.request({"op": "discover", "modules": [module]}, timeout=settings.timeout_s)
                 solutions = [Solution.from_dict(data) for data in reply["solutions"]] if "error" not in reply else None
             except WorkerFailure as exc:
                 tail = "\n".join(exc.log.strip().splitlines()[-10:])
@@ -227,12 +227,12 @@ class Benchmark:
                     try:
                         self._run_definition(dev, definition, rows)
                     finally:
-                        dev.forget()  # the Definition's solutions are done: their workers go
+                        dev.finish_definition()
             except BaseException as exc:  # noqa: BLE001 - reported after the other devices finish
                 if not self._stopping.is_set():
                     errors.append(exc)
             finally:
-                dev.forget()
+                dev.close()
 
         threads = [threading.Thread(target=drive, args=(d,), name=f"opforge-bench-{d}") for d in devices]
         for t in threads:
@@ -343,6 +343,7 @@ class Benchmark:
         from ..registry import reference_solution
 
         reference = reference_solution(definition)
+        dev.trusted.add(reference.name)  # the Definition's own code, run here too: no isolation needed
         try:
             if _reply_field(dev.build(reference, definition, settings.build_timeout_s), "ok", bool) is not True:
                 return 0.0

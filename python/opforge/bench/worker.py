@@ -1,6 +1,6 @@
 """The worker process: the only place solution code is imported and run.
 
-Started by the runner as ``python -m opforge.bench.worker FD DEVICE MODULES_JSON [SPILL_DIR]`` with
+Started by the runner as ``python -m opforge.bench.worker FD DEVICE [SPILL_DIR]`` with
 one end of a socket pair on FD and its stdout/stderr going to a log file, under a supervisor
 (supervisor.py) that kills whatever it leaves behind. It answers one request at a time (dicts,
 see ``Worker.handle``; the format is _wire's, which carries only plain data and tensors);
@@ -18,7 +18,6 @@ or class later changes nothing.
 from __future__ import annotations
 
 import faulthandler
-import json
 import sys
 import traceback
 from multiprocessing.connection import Connection
@@ -107,12 +106,12 @@ def _cpu_name() -> str:
 
 
 class Worker:
-    def __init__(self, device: str, modules: list[str]):
+    def __init__(self, device: str):
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.modules = modules
-        self.loaded_modules = False
+            torch.empty(1, device=self.device)  # the CUDA context, made before the runner needs it
+        self.loaded_modules: set[str] = set()
         self.runnables = {}
         self.key, self.sets = None, []  # the loaded workload's input sets (CPU)
         # Bound now, before any solution code runs (see the module doc).
@@ -131,20 +130,21 @@ class Worker:
             reply["calibration"] = calibrate_copy(self.device)
         return reply
 
-    def _load_modules(self):
-        if not self.loaded_modules:
-            from ..registry import load_solution_modules
+    def _load_modules(self, modules: list[str]) -> None:
+        from ..registry import load_solution_modules
 
-            load_solution_modules(self.modules)
-            self.loaded_modules = True
+        for module in modules:
+            if module not in self.loaded_modules:
+                load_solution_modules([module])
+                self.loaded_modules.add(module)
 
-    def _op_discover(self) -> dict:
+    def _op_discover(self, modules: list[str]) -> dict:
         """The Solutions that the modules register (their code stays in this process). A module
         that fails to load is said in one line (the traceback goes to the log)."""
         from ..registry import BACKENDS
 
         try:
-            self._load_modules()
+            self._load_modules(modules)
         except Exception as exc:
             traceback.print_exc()
             frames = traceback.extract_tb(exc.__traceback__)
@@ -152,11 +152,12 @@ class Worker:
             return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{where}"}
         return {"solutions": [s.to_dict() for s in BACKENDS]}
 
-    def _op_build(self, solution: dict, definition: dict) -> dict:
+    def _op_build(self, solution: dict, definition: dict, modules: list[str]) -> dict:
+        """Build ``solution`` (after importing the modules that register it, if any)."""
         from ..registry import BACKENDS, BuildError, build
         from ..trace import Definition, Solution
 
-        self._load_modules()
+        self._load_modules(modules)
         solution, definition = Solution.from_dict(solution), Definition.from_dict(definition)
         fn = None
         if solution.name in BACKENDS and BACKENDS.get(solution.name).content_hash() == solution.content_hash():
@@ -250,12 +251,12 @@ def serve(conn: Connection, worker: Worker, spill=None) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    fd, device, modules = int(argv[0]), argv[1], json.loads(argv[2])
-    spill = argv[3] if len(argv) > 3 and argv[3] else None
+    fd, device = int(argv[0]), argv[1]
+    spill = argv[2] if len(argv) > 2 and argv[2] else None
     faulthandler.enable(all_threads=True)  # a segfault leaves its Python stack in the log
     conn = Connection(fd)
     with torch.no_grad():
-        worker = Worker(device, modules)
+        worker = Worker(device)
         conn.send_bytes(_wire.dumps({"ready": True}))  # no solution code has run yet
         serve(conn, worker, spill)
     return 0
