@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine after ci/gpu.sh has installed opforge: benchmark the built-in dataset with
 # `opforge run` and bring back the traces (tarred: $OUT keeps only shallow files), the console
-# output and, when the report extra is installed, the HTML report.
+# output and the HTML report.
 #   RUN_ARGS     extra arguments of `opforge run` (e.g. --definitions rmsnorm_h4096)
 #   RUN_TIMEOUT  seconds before the run is stopped (default 480); traces written so far are kept
 set -uo pipefail
@@ -18,9 +18,7 @@ start=$(date +%s)
 echo "opforge run: rc=$? in $(( $(date +%s) - start )) s"
 tail -5 "$OUT/run.log"
 tar czf "$OUT/traces.tgz" -C "$WORK/opforge-runs/builtin" traces
-if $PY -c "import matplotlib, opforge.report" 2>/dev/null; then
-  (cd "$WORK" && $PY -m opforge.cli report html --dataset opforge-runs/builtin -o "$OUT/report.html" \
-     >"$OUT/report.log" 2>&1; $PY -m opforge.cli report summary --dataset opforge-runs/builtin \
-     >>"$OUT/report.log" 2>&1)
-  tail -30 "$OUT/report.log"
-fi
+(cd "$WORK" && $PY -m opforge.cli report html --dataset opforge-runs/builtin -o "$OUT/report.html" \
+   >"$OUT/report.log" 2>&1; $PY -m opforge.cli report summary --dataset opforge-runs/builtin \
+   >>"$OUT/report.log" 2>&1)
+tail -30 "$OUT/report.log"
