@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -60,6 +61,19 @@ def test_bad_input_is_a_clear_message(tmp_path, capsys):
     make_dataset(tmp_path / "ds", names={"honest"})
     with pytest.raises(SystemExit, match="no definition named nope"):
         main(["run", "--dataset", str(tmp_path / "ds"), "--definitions", "nope", "--devices", "cpu"])
+    with pytest.raises(SystemExit, match="no dataset at /nonexistent/ds"):
+        main(["run", "--dataset", "/nonexistent/ds", "--devices", "cpu"])
+    with pytest.raises(SystemExit, match="no solution named mine"):
+        main(["run", "--dataset", str(tmp_path / "ds"), "--solutions", "mine", "--devices", "cpu"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--devices cuda: no GPU visible here"):
+            main(["run", "--dataset", str(tmp_path / "ds"), "--devices", "cuda"])
+    module = tmp_path / "kernels.py"
+    module.write_text("import opforge_not_installed\n")
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--dataset", str(tmp_path / "ds"), "--devices", "cpu", "--module", str(module)])
+    first = str(info.value).splitlines()[0]
+    assert "ModuleNotFoundError" in first and "opforge_not_installed" in first and "kernels.py:1" in first
     (tmp_path / "bad.toml").write_text("[defaults]\niterations = 0\n")
     with pytest.raises(SystemExit, match="iterations"):
         main(["run", "--dataset", str(tmp_path / "ds"), "--config", str(tmp_path / "bad.toml")])
