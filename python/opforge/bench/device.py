@@ -104,16 +104,15 @@ class Device:
         return WorkerProcess(self.device, self.log_dir, self.spill)
 
     def hello(self) -> None:
-        """Calibrate and describe the device, in a worker that loads no solution code."""
-        worker = self._new_worker()
+        """Calibrate and describe the device, in a worker that loads no solution code (it stays
+        blank, so it serves as the first spare)."""
+        worker = self._spare = self._spare or self._new_worker()
         try:
             reply = worker.request({"op": "hello", "calibrate": True}, timeout=HELLO_TIMEOUT_S)
         except WorkerFailure as exc:
             tail = "\n".join(exc.log.strip().splitlines()[-15:])
             raise SetupError(f"the worker on {self.device} failed before any solution ran: {exc}"
                              + (f"\n--- its output (last lines; all in {worker.log_path}) ---\n{tail}" if tail else "")) from None
-        finally:
-            worker.stop()
         if "error" in reply:
             raise SetupError(f"the worker on {self.device} failed before any solution ran: {reply['error']}")
         self.environment = Environment(**reply["environment"])
