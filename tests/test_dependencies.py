@@ -13,7 +13,6 @@ import textwrap
 import tomllib
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]

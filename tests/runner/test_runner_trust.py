@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -309,7 +308,7 @@ def test_unknown_names_and_devices_are_refused_before_anything_runs(tmp_path):
 def test_a_worker_that_dies_before_any_solution_says_why(tmp_path, monkeypatch):
     """Its last lines come with the error, not only in its log file."""
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho 'CUDA driver initialization failed: no device' >&2\nexit 1\n")
+    fake.write_text("#!/bin/sh\necho 'CUDA driver initialization failed: no device' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(sys, "executable", str(fake))
     ts = _dataset(tmp_path / "ds", {"honest": HONEST})

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from . import _wire
-from .evaluator import CallRecord, run_call
+from .evaluator import run_call
 from .timing import calibrate_copy, time_cpu, time_cuda
 
 
