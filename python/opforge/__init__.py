@@ -20,6 +20,27 @@ from .ops import (
 
 __version__ = build_info()["version"]
 
+
+def _switch_on_from_environment() -> None:
+    # OPFORGE_ENABLE_TRACING / OPFORGE_ENABLE_APPLY (opforge.config) trace or route a script's op
+    # calls without editing it; without them nothing of the forge is imported here.
+    import warnings
+
+    from . import config
+
+    try:
+        wanted = config.tracing_enabled() or config.apply_enabled()
+    except ValueError as exc:
+        warnings.warn(f"opforge: {exc}; tracing and apply stay off", RuntimeWarning, stacklevel=3)
+        return
+    if wanted:
+        from . import intercept
+
+        intercept.enable_from_environment()
+
+
+_switch_on_from_environment()
+
 # The forge's entry points, imported on first use so that `import opforge` stays light.
 _LAZY = {"BACKENDS": "registry", "register_solution": "registry", "TraceSet": "trace"}
 

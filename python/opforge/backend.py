@@ -34,6 +34,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from . import _hooks
 from ._ext import compute_capability
 
 _CHECK_ERRORS = (ValueError, TypeError, RuntimeError)
@@ -176,13 +177,22 @@ def backend_requirement(
         common_plain = common_check is not None and ccs_of[common_check] is None
         auto_choice: dict[int, str] = {}  # device index (-1: CPU) -> backend auto chose there
 
+        def unhooked(*args, **kwargs):
+            return wrapper(*args, _hooked=True, **kwargs)
+
         @functools.wraps(fn)
-        def wrapper(*args, skip_check=False, **kwargs):
+        def wrapper(*args, skip_check=False, _hooked=False, **kwargs):
             # This runs on every call of an op: keep it flat (each Python call costs ~0.1 us).
             if not args and first_name in kwargs:
                 args = (kwargs.pop(first_name),)
             if traced is not None and _is_compiling():
                 return traced(*args, **kwargs)
+            if _hooks.active and not _hooked:
+                # Tracing or apply is on (opforge.intercept): the handler records the call and/or
+                # routes it, calling the op itself through ``unhooked``.
+                if skip_check:
+                    kwargs["skip_check"] = True
+                return _hooks.handler(fn.__name__, unhooked, args, kwargs)
             if not skip_check and common_check is not None:
                 if common_plain:
                     try:

@@ -9,9 +9,18 @@ OPFORGE_LOGDEST    where log lines go: "stderr" (default), "stdout", or a file p
                    ("%i" in it becomes the process id). Read at each logged call.
 OPFORGE_CACHE_DIR  where built solutions are cached (default ~/.cache/opforge/builds).
                    Read at each build.
+OPFORGE_ENABLE_TRACING  1: trace every call of an op with a Definition into the dataset below,
+                   from ``import opforge`` until the process exits (opforge.tracing).
+OPFORGE_ENABLE_APPLY    1: route op calls to the fastest measured solution of the dataset below
+                   (opforge.apply), from ``import opforge`` on.
+OPFORGE_DATASET_PATH    the dataset both read and write (default ./opforge-trace).
+                   The two switches and the path are read once, at ``import opforge``.
 
 Variables of other tools that opforge honours: TRITON_INTERPRET=1 (Triton solutions run on the
-CPU through Triton's interpreter).
+CPU through Triton's interpreter); FlashInfer-Bench's names for the three above
+(FIB_ENABLE_TRACING, FLASHINFER_BENCH_ENABLE_TRACING, FIB_ENABLE_APPLY,
+FLASHINFER_BENCH_ENABLE_APPLY, FIB_DATASET_PATH, FLASHINFER_BENCH_DATASET_PATH), where opforge's
+own name is unset.
 """
 
 from __future__ import annotations
@@ -22,6 +31,45 @@ from pathlib import Path
 LOGLEVEL_VAR = "OPFORGE_LOGLEVEL"
 LOGDEST_VAR = "OPFORGE_LOGDEST"
 CACHE_DIR_VAR = "OPFORGE_CACHE_DIR"
+#: Each switch by opforge's name first, then FlashInfer-Bench's.
+TRACING_VARS = ("OPFORGE_ENABLE_TRACING", "FIB_ENABLE_TRACING", "FLASHINFER_BENCH_ENABLE_TRACING")
+APPLY_VARS = ("OPFORGE_ENABLE_APPLY", "FIB_ENABLE_APPLY", "FLASHINFER_BENCH_ENABLE_APPLY")
+DATASET_VARS = ("OPFORGE_DATASET_PATH", "FIB_DATASET_PATH", "FLASHINFER_BENCH_DATASET_PATH")
+DEFAULT_DATASET = "./opforge-trace"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _first_set(names: tuple) -> tuple[str, str] | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None:
+            return name, value.strip()
+    return None
+
+
+def _switch(names: tuple) -> bool:
+    found = _first_set(names)
+    if found is None:
+        return False
+    name, value = found
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
+
+
+def tracing_enabled() -> bool:
+    return _switch(TRACING_VARS)
+
+
+def apply_enabled() -> bool:
+    return _switch(APPLY_VARS)
+
+
+def dataset_path() -> Path:
+    found = _first_set(DATASET_VARS)
+    return Path(found[1] if found and found[1] else DEFAULT_DATASET).expanduser()
 
 
 def log_level() -> int:

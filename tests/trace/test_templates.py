@@ -113,7 +113,7 @@ def test_public_names_mean_what_the_public_dataset_means(prefix, hidden, eps):
 
 def test_new_names_make_eps_explicit_and_declare_the_residual():
     d = TEMPLATES["gemma_fused_add_rmsnorm"].definition(dtype="float16", hidden_size=4096)
-    assert d.name == "gemma_fused_add_rmsnorm_h4096"
+    assert d.name == "gemma_fused_add_rmsnorm_h4096_f16"
     assert d.inputs["eps"].shape is None and d.inputs["eps"].dtype.value == "float32"
     assert list(d.outputs) == ["output", "residual_out"]
     assert d.aliases == {"output": "hidden_states", "residual_out": "residual"}

@@ -53,12 +53,20 @@ def builtin_workloads(definition: Definition) -> list[Workload]:
 
 def template_of(definition: Definition):
     """The template that generates ``definition`` (by name prefix), or None."""
+    first = next((spec for spec in definition.inputs.values() if spec.shape is not None), None)
+    dtype = first.dtype.value if first is not None else DTYPE
     for prefix in sorted(TEMPLATES, key=len, reverse=True):
         template = TEMPLATES[prefix]
         const = template.const_axes[0]
         axis = definition.axes.get(const)
-        if axis is not None and getattr(axis, "value", None) is not None:
-            if definition.name == template.name(**{const: axis.value}):
+        if axis is None or getattr(axis, "value", None) is None:
+            continue
+        for options in ({}, *({option: True} for option in template.options)):
+            try:
+                name = template.name(dtype, **{const: axis.value}, **options)
+            except ValueError:  # a dtype no template name covers
+                return None
+            if definition.name == name:
                 return template
     return None
 

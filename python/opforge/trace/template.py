@@ -28,6 +28,10 @@ from .dtypes import DType
 from .schema import AxisConst, AxisVar, Definition, TensorSpec
 from .workload import RandomInput, ScalarInput, Workload
 
+DEFAULT_DTYPE = "bfloat16"
+#: What a Definition's name says about its dtype.
+DTYPE_SUFFIX = {"bfloat16": "", "float16": "_f16", "float32": "_f32"}
+
 
 @dataclass(frozen=True)
 class Var:
@@ -90,6 +94,11 @@ class TraceTemplate:
     #: Extra Definition fields (constraints, tolerances, aliases, bytes, flops) for these constant
     #: values (bytes default to each tensor read or written once: Definition.io_bytes).
     extras: Callable[[dict], dict] = lambda consts: {}
+    #: Boolean options that select a form of the Definition beside the constant axes (e.g. the
+    #: norms' ``eps_input``: eps as an input where the public name bakes it in), and the name
+    #: suffix a set of options gives.
+    options: tuple = ()
+    option_suffix: Callable[[dict], str] = lambda consts: ""
 
     # --- naming ------------------------------------------------------------------------
 
@@ -97,7 +106,9 @@ class TraceTemplate:
     def const_axes(self) -> list[str]:
         return [a for a, kind in self.axes.items() if isinstance(kind, Const)]
 
-    def name(self, **consts) -> str:
+    def name(self, dtype: str = DEFAULT_DTYPE, **consts) -> str:
+        """``<prefix>_<abbrev><value>...``, then the options' suffix, then ``_f16`` / ``_f32`` for
+        a dtype other than bfloat16 (FlashInfer-Trace's names leave bfloat16 unsaid)."""
         consts = {**self.derive(consts), **consts}
         parts = [self.name_prefix]
         for axis in self.const_axes:
@@ -106,15 +117,17 @@ class TraceTemplate:
             abbrev = self.axes[axis].abbrev
             if abbrev:
                 parts.append(f"{abbrev}{int(consts[axis])}")
-        return "_".join(parts)
+        if dtype not in DTYPE_SUFFIX:
+            raise ValueError(f"{self.name_prefix}: dtype {dtype!r} is not one of {', '.join(DTYPE_SUFFIX)}")
+        return "_".join(parts) + self.option_suffix(consts) + DTYPE_SUFFIX[dtype]
 
     # --- Definitions -------------------------------------------------------------------
 
-    def definition(self, dtype: str = "bfloat16", **consts) -> Definition:
+    def definition(self, dtype: str = DEFAULT_DTYPE, **consts) -> Definition:
         consts = {**self.derive(consts), **consts}
-        unknown = set(consts) - set(self.const_axes)
+        unknown = set(consts) - set(self.const_axes) - set(self.options)
         if unknown:
-            raise ValueError(f"{self.name_prefix}: {sorted(unknown)} are not constant axes of this template")
+            raise ValueError(f"{self.name_prefix}: {sorted(unknown)} are not constant axes or options of this template")
         axes = {}
         for axis, kind in self.axes.items():
             if isinstance(kind, Const):
@@ -126,7 +139,7 @@ class TraceTemplate:
         outputs = {key: self._spec(spec, dtype, inputs) for key, spec in self.outputs.items() if key not in omitted}
         description = self.description(consts) if callable(self.description) else self.description
         return Definition(
-            name=self.name(**consts),
+            name=self.name(dtype, **consts),
             op_type=self.op_type,
             description=description or None,
             axes=axes,
@@ -198,7 +211,7 @@ class TraceTemplate:
         params = self.bind(*args, **kwargs)
         first = next(params[s.param or k] for k, s in self.inputs.items() if isinstance(s, Tensor))
         dtype = str(first.dtype).removeprefix("torch.")
-        return self.definition(dtype=dtype, **{a: values[a] for a in self.const_axes})
+        return self.definition(dtype=dtype, **{a: values[a] for a in self.const_axes if a in values})
 
     def workload_for_call(self, *args, seed: Optional[int] = None, **kwargs) -> Workload:
         """The call as a Workload: variable axis values, random tensors, scalars by value."""

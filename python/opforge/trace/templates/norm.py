@@ -29,10 +29,10 @@ def public_eps(prefix: str, hidden: int) -> float | None:
     return 1e-5 if hidden == 4096 and not prefix.startswith("gemma") else 1e-6
 
 
-def _reference(prefix: str, add: bool, gemma: bool):
+def _reference(prefix: str, add: bool, gemma: bool, public):
     def source(consts: dict) -> str:
         hidden = consts["hidden_size"]
-        eps = public_eps(prefix, hidden)
+        eps = public_eps(prefix, hidden) if public(consts) else None
         args = "hidden_states, residual, weight" if add else "hidden_states, weight"
         lines = ["import torch", "", "", "@torch.no_grad()"]
         lines.append(f"def run({args}{'' if eps is not None else ', eps'}):")
@@ -65,10 +65,14 @@ def _template(prefix: str, op, add: bool, gemma: bool, what: str) -> TraceTempla
                                          description="input + residual rounded to the dtype (the new residual)")
 
     def public(consts) -> bool:
-        return public_eps(prefix, consts["hidden_size"]) is not None
+        return public_eps(prefix, consts["hidden_size"]) is not None and not consts.get("eps_input")
+
+    def suffix(consts) -> str:
+        # A public size with eps as an input is a name of its own beside the public one.
+        return "_eps" if consts.get("eps_input") and public_eps(prefix, consts["hidden_size"]) is not None else ""
 
     def description(consts) -> str:
-        eps = public_eps(prefix, consts["hidden_size"])
+        eps = public_eps(prefix, consts["hidden_size"]) if public(consts) else None
         fixed = f" Epsilon is fixed at {eps:g}." if eps is not None else " Epsilon is the scalar input eps."
         return f"{what} with hidden_size={consts['hidden_size']}.{fixed}"
 
@@ -91,11 +95,13 @@ def _template(prefix: str, op, add: bool, gemma: bool, what: str) -> TraceTempla
         axes={"batch_size": Var(), "hidden_size": Const(abbrev="h")},
         inputs=inputs,
         outputs=outputs,
-        reference=_reference(prefix, add, gemma),
+        reference=_reference(prefix, add, gemma, public),
         description=description,
         tags=["status:verified", f"fi_api:opforge.{prefix}"] + (["fused"] if add else []),
         omit=omitted,
         extras=extras,
+        options=("eps_input",),
+        option_suffix=suffix,
     )
 
 
