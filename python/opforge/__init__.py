@@ -42,7 +42,10 @@ def _switch_on_from_environment() -> None:
 _switch_on_from_environment()
 
 # The forge's entry points, imported on first use so that `import opforge` stays light.
-_LAZY = {"BACKENDS": "registry", "register_solution": "registry", "TraceSet": "trace"}
+_LAZY = {"BACKENDS": "registry", "register_solution": "registry", "TraceSet": "trace",
+         "patch": "integrations.transformers",
+         "enable_tracing": "tracing", "disable_tracing": "tracing", "TracingConfig": "tracing",
+         "apply": "apply", "enable_apply": "apply", "disable_apply": "apply", "ApplyConfig": "apply"}
 
 
 def __getattr__(name: str):
@@ -53,21 +56,29 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "ApplyConfig",
     "BACKENDS",
     "BackendError",
     "CudaError",
+    "apply",
     "backend_requirement",
     "build_info",
+    "disable_apply",
+    "enable_apply",
+    "disable_tracing",
+    "enable_tracing",
     "fused_add_rmsnorm",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
     "opforge_api",
+    "patch",
     "rmsnorm",
     "scale",
     "silu_and_mul",
     "register_solution",
     "supported_compute_capability",
     "TraceSet",
+    "TracingConfig",
 ]
