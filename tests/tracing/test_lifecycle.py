@@ -21,7 +21,7 @@ from opforge import _hooks, intercept  # noqa: E402
 from opforge.tracing import TracingConfig, current_tracer, disable_tracing, enable_tracing, record  # noqa: E402
 from opforge.tracing import dataset as dataset_module  # noqa: E402
 from opforge.tracing import tracer as tracer_module  # noqa: E402
-from opforge.tracing.tracer import template_definition  # noqa: E402
+from opforge.trace.templates import definition_for_name  # noqa: E402
 
 H = 96
 NORM = f"rmsnorm_h{H}_f32"
@@ -131,7 +131,7 @@ def _write_definition(root: Path, definition) -> Path:
 
 
 def test_an_existing_definition_with_the_same_inputs_is_kept_and_traced_into(tmp_path, rng, capsys):
-    ours = template_definition(NORM)
+    ours = definition_for_name(NORM)
     theirs = ours.model_copy(update={"description": "hand-written notes",
                                      "reference": ours.reference.replace("@torch.no_grad()\n", "")})
     path = _write_definition(tmp_path / "ds", theirs)
@@ -145,7 +145,7 @@ def test_an_existing_definition_with_the_same_inputs_is_kept_and_traced_into(tmp
 
 
 def test_a_conflicting_definition_is_left_alone_and_not_traced(tmp_path, rng):
-    ours = template_definition(NORM)
+    ours = definition_for_name(NORM)
     inputs = dict(ours.inputs)
     del inputs["eps"]
     theirs = ours.model_copy(update={"inputs": inputs, "reference": "def run(hidden_states, weight):\n    pass\n"})

@@ -22,7 +22,7 @@ from .. import intercept
 from ..trace import Definition
 from . import state
 from .layout import InputLayout
-from .matching import template_definition
+from ..trace.templates import definition_for_name
 
 _is_compiling = torch.compiler.is_compiling
 _MISSING = object()
@@ -119,7 +119,7 @@ def known_definition(name: str, router) -> Optional[Definition]:
         definition = router.trace_set.definitions.get(name)
         if definition is not None:
             return definition
-    return template_definition(name)
+    return definition_for_name(name)
 
 
 class FunctionCall:
@@ -256,5 +256,5 @@ def call(target, args: tuple, kwargs: dict, fallback: Optional[Callable]):
 
 @functools.lru_cache(maxsize=None)
 def _template_order_plan(name: str) -> Optional[Plan]:
-    definition = template_definition(name)
+    definition = definition_for_name(name)
     return None if definition is None else order_plan(definition)

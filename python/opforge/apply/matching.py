@@ -10,16 +10,13 @@ Definition serves them only when its content equals what the op's template makes
 
 from __future__ import annotations
 
-import functools
-import re
 from typing import Optional
 
 import torch
 
 from ..registry.checks import DeviceInfo, device_info
 from ..trace import Definition
-from ..trace.template import DTYPE_SUFFIX
-from ..trace.templates import TEMPLATES
+from ..trace.templates import definition_for_name
 
 
 def resolve_device(device=None) -> DeviceInfo:
@@ -34,39 +31,15 @@ def hardware_name(device: Optional[DeviceInfo] = None) -> str:
     if device.kind == "cuda":
         return torch.cuda.get_device_name(device.index)
     # The runner's own naming, so that traces it wrote on this CPU match.
-    from ..bench.worker import _cpu_name
+    from ..bench.worker import cpu_name
 
-    return _cpu_name()
-
-
-@functools.lru_cache(maxsize=None)
-def template_definition(name: str) -> Optional[Definition]:
-    """The Definition opforge's op templates make under ``name`` (``rmsnorm_h64``,
-    ``fused_add_rmsnorm_h4096_eps_f16``, ``silu_and_mul_d96``), or None when no built-in op
-    call is ever named so."""
-    for prefix in sorted(TEMPLATES, key=len, reverse=True):  # gemma_rmsnorm before rmsnorm
-        if not name.startswith(prefix + "_"):
-            continue
-        template = TEMPLATES[prefix]
-        const = template.const_axes[0]  # every built-in template names one constant axis
-        found = re.match(re.escape(template.axes[const].abbrev) + r"(\d+)", name[len(prefix) + 1:])
-        if found is None:
-            continue
-        value = int(found.group(1))
-        for dtype in DTYPE_SUFFIX:
-            for options in ({}, *({option: True} for option in template.options)):
-                try:
-                    if template.name(dtype, **{const: value}, **options) == name:
-                        return template.definition(dtype, **{const: value}, **options)
-                except ValueError:  # a value the template refuses: not one of its names
-                    continue
-    return None
+    return cpu_name()
 
 
 def builtin_mismatch(definition: Definition) -> Optional[str]:
     """Why ``definition`` must not receive built-in op calls although it has one of their names
     (None: it is exactly the op's Definition, or no op call carries its name)."""
-    expected = template_definition(definition.name)
+    expected = definition_for_name(definition.name)
     if expected is None or expected.content_hash() == definition.content_hash():
         return None
     diffs = []

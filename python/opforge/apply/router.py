@@ -27,7 +27,8 @@ from ..trace.builtin import builtin_solution_for
 from .config import ApplyConfig
 from .functions import Plan, known_definition, order_plan
 from .layout import InputLayout
-from .matching import builtin_mismatch, template_definition
+from ..trace.templates import definition_for_name
+from .matching import builtin_mismatch
 from .tables import Ranking, rank_trace_set
 
 _Tensor = torch.Tensor
@@ -103,7 +104,7 @@ class Router:
         self.mismatched: dict[str, str] = {}
         self._builtin: dict[str, Ranking] = {}
         for name, definition in trace_set.definitions.items():
-            if template_definition(name) is None:
+            if definition_for_name(name) is None:
                 continue
             why = builtin_mismatch(definition)
             if why is not None:

@@ -58,7 +58,7 @@ def environment(device: torch.device) -> dict:
                              l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
         hardware_info.update(_clocks(device.index or 0))
     else:
-        hardware = _cpu_name()
+        hardware = cpu_name()
         hardware_info["threads"] = torch.get_num_threads()
     return {"hardware": hardware, "libs": libs, "hardware_info": hardware_info}
 
@@ -92,7 +92,7 @@ def _clocks(index: int) -> dict:
         return {}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     import platform
 
     try:

@@ -136,7 +136,7 @@ def _parse_line(model_cls, raw: bytes, display: str, number: int) -> Union[Any, 
         return schema_to_load_error(display, exc, line=number)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make a rename or a new file in ``folder`` durable (where folders can be opened)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -168,7 +168,7 @@ def write_atomic(path: Path, fill: Callable[[Path], None]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_folder(path.parent)
+    fsync_folder(path.parent)
 
 
 def _holds(path: Path, data: bytes) -> bool:
@@ -227,4 +227,4 @@ def append_line(path: Path, line: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     if new:
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)

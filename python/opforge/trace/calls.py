@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from .schema import Definition
-from .templates import TEMPLATES
+from .templates import TEMPLATES, definition_for_name
 from .templates.norm import public_eps
 
 _Tensor = torch.Tensor
@@ -32,11 +32,16 @@ _DEFINITIONS: dict[str, Definition] = {}
 
 
 def definition_named(name: str) -> Optional[Definition]:
-    """The Definition a bound call named (made from its template on first use), else None."""
+    """The Definition a built-in op call is named after (made from its template once), else None."""
     definition = _DEFINITIONS.get(name)
-    if definition is None and name in _SEEN:
-        prefix, kwargs = _SEEN[name]
-        definition = _DEFINITIONS[name] = TEMPLATES[prefix].definition(**kwargs)
+    if definition is None:
+        if name in _SEEN:
+            prefix, kwargs = _SEEN[name]
+            definition = TEMPLATES[prefix].definition(**kwargs)
+        else:
+            definition = definition_for_name(name)
+        if definition is not None:
+            _DEFINITIONS[name] = definition
     return definition
 
 

@@ -37,7 +37,7 @@ except ImportError:  # Windows: no advisory locks; one process per folder there
     fcntl = None
 
 from ..trace._base import dumps
-from ..trace._io import _fsync_folder, read_model, write_text
+from ..trace._io import fsync_folder, read_model, write_text
 from ..trace._paths import dataset_files, dataset_path
 from ..trace.blob import save_safetensors_blob, workload_blob_relpath
 from ..trace.errors import LoadError
@@ -148,7 +148,7 @@ class DatasetFolder:
                 handle.flush()
                 os.fsync(handle.fileno())
         if new:
-            _fsync_folder(path.parent)
+            fsync_folder(path.parent)
         return note
 
 

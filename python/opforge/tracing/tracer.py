@@ -26,6 +26,7 @@ from typing import Callable, Optional
 from ..trace.blob import workload_blob_relpath
 from ..trace.dtypes import DType
 from ..trace.errors import SchemaError, WorkloadError
+from ..trace.templates import definition_for_name
 from ..trace.workload import RandomInput, SafetensorsInput, ScalarInput, Workload
 from .capture import Snapshots, capturing
 from .dataset import DatasetFolder
@@ -116,7 +117,7 @@ class Tracer:
             return False
         if self._configs:
             for name, config in self._configs.items():
-                definition = self._dataset.lookup_definition(name) or template_definition(name)
+                definition = self._dataset.lookup_definition(name) or definition_for_name(name)
                 if definition is not None:
                     config.check_definition(definition)
         self._writer = Writer(self._dataset, *self._limits, say)
@@ -359,27 +360,3 @@ def _fits(value, shape, dtype: DType, torch_dtype) -> bool:
     if dtype == DType.FLOAT4_E2M1 and shape:
         shape = (*shape[:-1], (shape[-1] + 1) // 2)
     return tuple(value.shape) == tuple(shape)
-
-
-def template_definition(name: str):
-    """The Definition an op template makes under ``name`` (None when no template does)."""
-    import re
-
-    from ..trace.template import DTYPE_SUFFIX
-    from ..trace.templates import TEMPLATES
-
-    for prefix in sorted(TEMPLATES, key=len, reverse=True):
-        template = TEMPLATES[prefix]
-        const = template.const_axes[0]
-        found = re.match(rf"{re.escape(prefix)}_{re.escape(template.axes[const].abbrev)}(\d+)", name)
-        if not found:
-            continue
-        for dtype in DTYPE_SUFFIX:
-            for options in ({}, *({option: True} for option in template.options)):
-                consts = {const: int(found.group(1)), **options}
-                try:
-                    if template.name(dtype, **consts) == name:
-                        return template.definition(dtype, **consts)
-                except ValueError:
-                    continue
-    return None
