@@ -13,8 +13,8 @@ End-to-end cases (tiny tensors, so that the call path, not the math, is what is 
 
 The router alone (a call already bound, opforge.intercept's part left out):
 
-  route lookup             Router.run_builtin where opforge's own op won, against calling the
-                           op (a stand-in that returns at once)
+  route lookup             Router.run_builtin where opforge's own op won (it answers PROCEED and
+                           the op runs on by itself), against an empty call
   route + checks           Router.run_builtin where a solution won, against the solution's
                            Runnable plus delivering its result (OpCall.finish): the lookup, the
                            check of the call's other tensors (weight, residual: dtype, shape,
@@ -141,7 +141,7 @@ def measure() -> list[tuple[str, float, float]]:
     with enable_apply(_dataset(own_op_wins=True)) as handle:
         rows.append(("op -> own op", _time(calls.op), op_off))
         rows.append(("route lookup", _time(lambda: handle.router.run_builtin(bound, stand_in, args, kwargs)),
-                     _time(lambda: stand_in(*args, **kwargs))))
+                     _time(lambda: None)))
     with enable_apply(_dataset(own_op_wins=False), ApplyConfig(ahead_of_time=True)) as handle:
         norm_direct, axpy_direct = calls.runnables(handle)
         rows.append(("op -> solution", _time(calls.op), _time(norm_direct)))

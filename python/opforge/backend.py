@@ -177,6 +177,8 @@ def backend_requirement(
         common_plain = common_check is not None and ccs_of[common_check] is None
         auto_choice: dict[int, str] = {}  # device index (-1: CPU) -> backend auto chose there
 
+        op_name = fn.__name__
+
         def unhooked(*args, **kwargs):
             return wrapper(*args, _hooked=True, **kwargs)
 
@@ -189,10 +191,10 @@ def backend_requirement(
                 return traced(*args, **kwargs)
             if _hooks.active and not _hooked:
                 # Tracing or apply is on (opforge.intercept): the handler records the call and/or
-                # routes it, calling the op itself through ``unhooked``.
-                if skip_check:
-                    kwargs["skip_check"] = True
-                return _hooks.handler(fn.__name__, unhooked, args, kwargs)
+                # routes it; PROCEED lets the op itself run on, as it does most of the time.
+                result = _hooks.handler(op_name, unhooked, args, kwargs)
+                if result is not _hooks.PROCEED:
+                    return result
             if not skip_check and common_check is not None:
                 if common_plain:
                     try:

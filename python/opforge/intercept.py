@@ -10,7 +10,7 @@ Tracer protocol (opforge.tracing): ``record(call)``, where ``call`` has ``defini
 ``key`` (hashable: name and variable axis values), ``axes``, ``inputs`` (by Definition name)
 and ``make_definition()``. It must never raise into the model.
 Router protocol (opforge.apply): ``run_builtin(call, op, args, kwargs)`` returns what ``op``
-would.
+would, or ``PROCEED`` (opforge._hooks) when the op itself is the choice.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _hooks
+from ._hooks import PROCEED
 from .trace.calls import bind_call
 
 _tracer: Optional[Any] = None
@@ -51,13 +52,13 @@ def _refresh() -> None:
 def _handle(op_name: str, op, args: tuple, kwargs: dict):
     call = bind_call(op_name, args, kwargs)
     if call is None:
-        return op(*args, **kwargs)
+        return PROCEED
     tracer_, router_ = _tracer, _router
     if tracer_ is not None:
         tracer_.record(call)
     if router_ is not None:
         return router_.run_builtin(call, op, args, kwargs)
-    return op(*args, **kwargs)
+    return PROCEED
 
 
 def enable_from_environment() -> None:

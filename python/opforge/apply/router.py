@@ -20,14 +20,15 @@ from typing import Optional
 
 import torch
 
+from .._hooks import PROCEED
 from ..registry import BACKENDS, build
 from ..registry.checks import DeviceInfo
 from ..trace import NotFoundError, TraceSet
 from ..trace.builtin import builtin_solution_for
+from ..trace.templates import definition_for_name
 from .config import ApplyConfig
 from .functions import Plan, known_definition, order_plan
 from .layout import InputLayout
-from ..trace.templates import definition_for_name
 from .matching import builtin_mismatch
 from .tables import Ranking, rank_trace_set
 
@@ -249,7 +250,7 @@ class Router:
         if route is None:
             route = self._op_route_for(call)
         if route.direct:
-            return op(*args, **kwargs)
+            return PROCEED  # opforge's own op is the choice: it runs on without a second entry
         return self._serve_op(route, call, op, args, kwargs)
 
     def _serve_op(self, route: _Route, call, op, args: tuple, kwargs: dict):

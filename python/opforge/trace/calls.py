@@ -14,7 +14,7 @@ no public name exists (eps an input), ``_f16`` / ``_f32`` appended for other dty
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -48,23 +48,29 @@ def definition_named(name: str) -> Optional[Definition]:
 class OpCall:
     """One call of a built-in op as its Definition sees it.
 
-    op: the op's name; definition: the Definition's name; axes: the variable axes' values;
-    key: (definition, variable axis values...), hashable, for dedup and routing tables;
-    inputs: the Definition's inputs by name, in its order (tensors viewed with the Definition's
-    rank, scalars as Python numbers), made on first access. ``finish(results)`` turns a
-    solution's outputs (a tuple in the Definition's output order) into the op's return value,
-    writing ``out=`` / in-place destinations as the op would.
+    op: the op's name; definition: the Definition's name; axes: the variable axes' values
+    (shared between calls of one shape: read only); key: (definition, variable axis values...),
+    hashable, for dedup and routing tables; inputs: the Definition's inputs by name, in its
+    order (tensors viewed with the Definition's rank, scalars as Python numbers), made on first
+    access. ``finish(results)`` turns a solution's outputs (a tuple in the Definition's output
+    order) into the op's return value, writing ``out=`` / in-place destinations as the op would.
     """
 
-    __slots__ = ("op", "definition", "axes", "key", "_args", "_inputs")
+    __slots__ = ("op", "definition", "key", "axes", "_explicit", "_args", "_kwargs", "_inputs")
+    #: The op's parameters in order (positional binding of a call by hand: no inspect per call).
+    params: tuple = ()
 
-    def __init__(self, op: str, definition: str, rows: int, args: tuple):
+    def __init__(self, op: str, site: tuple, args: tuple, kwargs: dict):
         self.op = op
-        self.definition = definition
-        self.axes = {"batch_size": rows}
-        self.key = (definition, rows)
+        self.definition, self.key, self.axes, self._explicit = site
         self._args = args
+        self._kwargs = kwargs
         self._inputs = None
+
+    def arg(self, i: int, default=None):
+        """The call's value of the op's i-th parameter."""
+        args = self._args
+        return args[i] if len(args) > i else self._kwargs.get(self.params[i], default)
 
     @property
     def inputs(self) -> dict:
@@ -84,26 +90,14 @@ def _rows(t: _Tensor, width: int) -> _Tensor:
     return t if t.dim() == 2 else t.reshape(-1, width)
 
 
-_NAMES: dict[tuple, str] = {}
-
-
 def _name(prefix: str, const: int, explicit_eps: bool, dtype) -> str:
-    """The Definition name of a call (cached); remembers how to make the Definition."""
-    key = (prefix, const, explicit_eps, dtype)
-    name = _NAMES.get(key)
-    if name is None:
-        template = TEMPLATES[prefix]
-        axis = template.const_axes[0]
-        kwargs = {axis: const, "eps_input": True} if explicit_eps else {axis: const}
-        name = _NAMES[key] = template.name(_DTYPES[dtype], **kwargs)
-        _SEEN.setdefault(name, (prefix, {"dtype": _DTYPES[dtype], **kwargs}))
+    """The Definition name of a call; remembers how to make the Definition."""
+    template = TEMPLATES[prefix]
+    axis = template.const_axes[0]
+    kwargs = {axis: const, "eps_input": True} if explicit_eps else {axis: const}
+    name = template.name(_DTYPES[dtype], **kwargs)
+    _SEEN.setdefault(name, (prefix, {"dtype": _DTYPES[dtype], **kwargs}))
     return name
-
-
-def _arg(args: tuple, kwargs: dict, i: int, name: str, default=None):
-    if len(args) > i:
-        return args[i]
-    return kwargs.get(name, default)
 
 
 def _written(dest: Optional[_Tensor], value: _Tensor, shape) -> _Tensor:
@@ -115,138 +109,138 @@ def _written(dest: Optional[_Tensor], value: _Tensor, shape) -> _Tensor:
     return value if value.shape == shape else value.reshape(shape)
 
 
-def _norm_name(prefix: str, x: _Tensor, eps: float) -> tuple[str, bool]:
-    """The Definition name of a norm call, and whether eps is one of its inputs."""
-    hidden = x.shape[-1]
-    public = public_eps(prefix, hidden)
-    explicit = public is None or eps != public
-    return _name(prefix, hidden, explicit, x.dtype), explicit
-
-
-def _row_count(x: _Tensor, width: int) -> int:
-    return x.numel() // width if width else 0
-
-
 class _NormCall(OpCall):
     __slots__ = ()
+    params = ("input", "weight", "eps", "out")
 
     def _make_inputs(self) -> dict:
-        x, w, eps, _, explicit = self._args
-        inputs = {"hidden_states": _rows(x, x.shape[-1]), "weight": w}
-        if explicit:
-            inputs["eps"] = eps
+        x = self.arg(0)
+        inputs = {"hidden_states": _rows(x, x.shape[-1]), "weight": self.arg(1)}
+        if self._explicit:
+            inputs["eps"] = float(self.arg(2, DEFAULT_EPS))
         return inputs
 
     def finish(self, results):
-        x, _, _, out, _ = self._args
-        return _written(out, results[0], x.shape)
+        return _written(self.arg(3), results[0], self.arg(0).shape)
 
 
 class _AddNormCall(OpCall):
     __slots__ = ()
+    params = ("input", "residual", "weight", "eps", "out", "residual_out")
 
     def _make_inputs(self) -> dict:
-        x, r, w, eps, _, _, explicit = self._args
+        x, r = self.arg(0), self.arg(1)
         hidden = x.shape[-1]
-        inputs = {"hidden_states": _rows(x, hidden), "residual": _rows(r, hidden), "weight": w}
-        if explicit:
-            inputs["eps"] = eps
+        inputs = {"hidden_states": _rows(x, hidden), "residual": _rows(r, hidden), "weight": self.arg(2)}
+        if self._explicit:
+            inputs["eps"] = float(self.arg(3, DEFAULT_EPS))
         return inputs
 
     def finish(self, results):
-        x, r, _, _, out, residual_out, _ = self._args
-        normed = results[0]
+        x, r = self.arg(0), self.arg(1)
         # The public form has no residual_out output: the new residual is the rounded sum,
         # made before any destination (which may be input or residual itself) is written.
         summed = results[1] if len(results) > 1 else torch.add(x, r)
-        residual_result = _written(residual_out, summed, r.shape)
-        return _written(out, normed, x.shape), residual_result
+        residual_result = _written(self.arg(5), summed, r.shape)
+        return _written(self.arg(4), results[0], x.shape), residual_result
 
 
 class _ActCall(OpCall):
     __slots__ = ()
+    params = ("input", "out")
 
     def _make_inputs(self) -> dict:
-        x = self._args[0]
+        x = self.arg(0)
         return {"input": _rows(x, x.shape[-1])}
 
     def finish(self, results):
-        x, out = self._args
-        return _written(out, results[0], (*x.shape[:-1], x.shape[-1] // 2))
+        x = self.arg(0)
+        return _written(self.arg(1), results[0], (*x.shape[:-1], x.shape[-1] // 2))
 
 
 class _ScaleCall(OpCall):
     __slots__ = ()
+    params = ("x", "factor", "out")
 
     def _make_inputs(self) -> dict:
-        x, factor, _ = self._args
-        return {"x": _rows(x, x.shape[-1]), "factor": float(factor)}
+        x = self.arg(0)
+        return {"x": _rows(x, x.shape[-1]), "factor": float(self.arg(1))}
 
     def finish(self, results):
-        x, _, out = self._args
-        return _written(out, results[0], x.shape)
+        return _written(self.arg(2), results[0], self.arg(0).shape)
 
 
-def _bind_norm(op: str, args: tuple, kwargs: dict) -> Optional[OpCall]:
-    x = _arg(args, kwargs, 0, "input")
-    eps = float(_arg(args, kwargs, 2, "eps", 1e-6))
+DEFAULT_EPS = 1e-6  # the norms' default, as in ops/norm.py
+_NO_SITE = (None,)
+
+
+def _site(op: str, x, scalar) -> Optional[tuple]:
+    """(definition name, key, axes, eps is an input) of a call shaped like ``x`` with this eps
+    or factor, or None when no Definition describes it."""
     if not isinstance(x, _Tensor) or not x.dim() or x.dtype not in _SUFFIX:
         return None
-    name, explicit = _norm_name(op, x, eps)
-    values = (x, _arg(args, kwargs, 1, "weight"), eps, _arg(args, kwargs, 3, "out"), explicit)
-    return _NormCall(op, name, _row_count(x, x.shape[-1]), values)
-
-
-def _bind_add_norm(op: str, args: tuple, kwargs: dict) -> Optional[OpCall]:
-    x = _arg(args, kwargs, 0, "input")
-    r = _arg(args, kwargs, 1, "residual")
-    eps = float(_arg(args, kwargs, 3, "eps", 1e-6))
-    if not isinstance(x, _Tensor) or not isinstance(r, _Tensor) or not x.dim() or x.dtype not in _SUFFIX:
-        return None
-    name, explicit = _norm_name(op, x, eps)
-    values = (x, r, _arg(args, kwargs, 2, "weight"), eps, _arg(args, kwargs, 4, "out"),
-              _arg(args, kwargs, 5, "residual_out"), explicit)
-    return _AddNormCall(op, name, _row_count(x, x.shape[-1]), values)
-
-
-def _bind_act(op: str, args: tuple, kwargs: dict) -> Optional[OpCall]:
-    x = _arg(args, kwargs, 0, "input")
-    if not isinstance(x, _Tensor) or not x.dim() or x.dtype not in _SUFFIX or x.shape[-1] % 2:
-        return None
     width = x.shape[-1]
-    return _ActCall(op, _name(op, width // 2, False, x.dtype), _row_count(x, width), (x, _arg(args, kwargs, 1, "out")))
+    rows = x.numel() // width if width else 0
+    explicit = False
+    if op in _NORMS:
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)):
+            return None
+        public = public_eps(op, width)
+        explicit = public is None or float(scalar) != public
+        name = _name(op, width, explicit, x.dtype)
+    elif op == "scale":
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)):
+            return None
+        name = _name(op, width, False, x.dtype)
+    else:
+        if width % 2:
+            return None
+        name = _name(op, width // 2, False, x.dtype)
+    return name, (name, rows), {"batch_size": rows}, explicit
 
 
-def _bind_scale(op: str, args: tuple, kwargs: dict) -> Optional[OpCall]:
-    x = _arg(args, kwargs, 0, "x")
-    factor = _arg(args, kwargs, 1, "factor")
-    if not isinstance(x, _Tensor) or not x.dim() or x.dtype not in _SUFFIX or isinstance(factor, bool) \
-            or not isinstance(factor, (int, float)):
-        return None
-    width = x.shape[-1]
-    return _ScaleCall(op, _name(op, width, False, x.dtype), _row_count(x, width), (x, factor, _arg(args, kwargs, 2, "out")))
-
-
-_BINDERS: dict[str, Callable] = {
-    "rmsnorm": _bind_norm,
-    "gemma_rmsnorm": _bind_norm,
-    "fused_add_rmsnorm": _bind_add_norm,
-    "gemma_fused_add_rmsnorm": _bind_add_norm,
-    "silu_and_mul": _bind_act,
-    "gelu_and_mul": _bind_act,
-    "gelu_tanh_and_mul": _bind_act,
-    "scale": _bind_scale,
+_NORMS = ("rmsnorm", "gemma_rmsnorm", "fused_add_rmsnorm", "gemma_fused_add_rmsnorm")
+#: op -> (call class, position of the op's eps / factor parameter or None).
+_KINDS: dict[str, tuple] = {
+    "rmsnorm": (_NormCall, 2),
+    "gemma_rmsnorm": (_NormCall, 2),
+    "fused_add_rmsnorm": (_AddNormCall, 3),
+    "gemma_fused_add_rmsnorm": (_AddNormCall, 3),
+    "silu_and_mul": (_ActCall, None),
+    "gelu_and_mul": (_ActCall, None),
+    "gelu_tanh_and_mul": (_ActCall, None),
+    "scale": (_ScaleCall, 1),
 }
+#: (op, shape, dtype, eps or factor) -> site, or _NO_SITE: the shapes of a model repeat, so a
+#: call is bound by one dict lookup. Bounded: cleared when it grows past _MAX_SITES.
+_SITES: dict[tuple, tuple] = {}
+_MAX_SITES = 4096
 
 
 def bind_call(op: str, args: tuple, kwargs: dict) -> Optional[OpCall]:
     """The call as its Definition sees it, or None when no Definition describes it (an
     argument the op itself will refuse, a dtype no template names): the op then runs as it
     would without tracing or apply, and raises its own clear error if the call is bad."""
-    binder = _BINDERS.get(op)
-    if binder is None:
+    kind = _KINDS.get(op)
+    if kind is None:
         return None
+    cls, at = kind
+    x = args[0] if args else kwargs.get(cls.params[0])
+    if at is None:
+        scalar = None
+    else:
+        scalar = args[at] if len(args) > at else kwargs.get(cls.params[at], DEFAULT_EPS if at != 1 else None)
     try:
-        return binder(op, args, kwargs)
+        site = _SITES.get((op, x.shape, x.dtype, scalar), _NO_SITE) if isinstance(x, _Tensor) else None
+        if site is _NO_SITE:
+            site = _site(op, x, scalar)
+            if len(_SITES) >= _MAX_SITES:
+                _SITES.clear()
+            _SITES[(op, x.shape, x.dtype, scalar)] = site
     except (TypeError, ValueError, RuntimeError, IndexError, OverflowError):
+        return None  # an unhashable or odd argument: the op judges it
+    if site is None:
         return None
+    if cls is _AddNormCall and not isinstance(args[1] if len(args) > 1 else kwargs.get("residual"), _Tensor):
+        return None
+    return cls(op, site, args, kwargs)
