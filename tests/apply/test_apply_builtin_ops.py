@@ -54,7 +54,7 @@ def test_unseen_sizes_use_their_power_of_two_bucket_or_the_nearest_measured_one(
     assert served_by(rng, 40) == 2.0  # bucket 64
     assert served_by(rng, 100) == 2.0  # bucket 128 never measured: 64 is nearest
     assert served_by(rng, 2) == 1.0  # bucket 2: 8 is nearer than 64
-    assert handle.choices(NORM.name, batch_size=100) == ["B", "A", "builtin"]  # bucket 64 order
+    assert handle.choices(NORM.name, batch_size=100) == ["B", "A", f"{NORM.name}_builtin"]  # bucket 64 order
 
 
 def test_the_definitions_best_serves_sizes_without_a_bucket(rng):
@@ -108,7 +108,7 @@ def test_suspect_failed_and_superseded_traces_are_not_used(rng):
     # 1000: bucket 16 is the nearest measured; C failed there, so opforge's own op serves. C
     # failed somewhere, so it is not among the overall best either.
     assert served_by(rng, 1000) is None
-    assert handle.choices(NORM.name, batch_size=1000) == ["builtin"]
+    assert handle.choices(NORM.name, batch_size=1000) == [f"{NORM.name}_builtin"]
     assert handle.router.rankings[NORM.name].best == (OWN, "B")
     counts = handle.counts
     assert (counts.suspect, counts.failed, counts.superseded, counts.used) == (1, 2, 1, 3)
@@ -126,7 +126,7 @@ def test_a_winner_that_raises_is_reported_once_and_the_next_choice_serves(rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert served_by(rng, 8) == 1.0
-    assert handle.choices(NORM.name, batch_size=8) == ["A", "builtin"]
+    assert handle.choices(NORM.name, batch_size=8) == ["A", f"{NORM.name}_builtin"]
 
 
 def test_a_winner_that_fails_to_build_is_reported_once_and_the_next_choice_serves(rng):

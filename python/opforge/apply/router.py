@@ -378,14 +378,16 @@ class Router:
 
     def choices(self, definition: str, axes: dict) -> list[str]:
         """The solution names a call of ``definition`` with these variable axis values would try,
-        in order (broken ones left out; "builtin" for opforge's own op on built-in calls)."""
+        in order (broken ones left out; opforge's own op on built-in calls by its builtin
+        solution's name, ``<definition>_builtin``, measured or not)."""
         ranking = self.rankings.get(definition)
         if ranking is None:
             return []
         values = tuple(axes[a] for a in ranking.definition.var_axes)
         if definition in self._builtin:
             route = self._op_route(ranking, values)
-            return [("builtin" if c.direct else c.name) for c in route.choices if not c.broken]
+            own = builtin_solution_for(ranking.definition).name
+            return [(own if c.direct else c.name) for c in route.choices if not c.broken]
         return [n for n in ranking.choices(values, self.config)
                 if (c := self._choice(ranking.definition, n)) is not None and not c.broken]
 
