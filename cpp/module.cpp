@@ -8,6 +8,7 @@ namespace opforge {
 void bind_runtime(nb::module_& m);
 void bind_norm(nb::module_& m);
 void bind_elementwise(nb::module_& m);
+void bind_nvfp4_gemv(nb::module_& m);
 }  // namespace opforge
 
 NB_MODULE(_C, m) {
@@ -17,4 +18,5 @@ NB_MODULE(_C, m) {
   opforge::bind_runtime(m);
   opforge::bind_norm(m);
   opforge::bind_elementwise(m);
+  opforge::bind_nvfp4_gemv(m);
 }

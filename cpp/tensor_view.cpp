@@ -202,7 +202,8 @@ std::string dtype_name(nb::dlpack::dtype dt) {
     case C::Float8_E8M0FNU: s = "float8_e8m0fnu"; break;
     case C::Float6_E2M3FN: s = "float6_e2m3fn"; break;
     case C::Float6_E3M2FN: s = "float6_e3m2fn"; break;
-    case C::Float4_E2M1FN: s = "float4_e2m1fn_x2"; break;
+    // torch exports float4_e2m1fn_x2 as 2 lanes of 4 bits: its name already says x2
+    case C::Float4_E2M1FN: return dt.lanes == 2 ? "float4_e2m1fn_x2" : "float4_e2m1fn";
     default: s = "dlpack dtype code " + std::to_string(int(dt.code)) + " of " + std::to_string(int(dt.bits)) + " bits";
   }
   if (dt.lanes != 1) s += "x" + std::to_string(int(dt.lanes));

@@ -100,8 +100,9 @@ def test_level_5_adds_value_statistics(capsys, monkeypatch):
     assert "min=-3" in call and "max=2" in call and "mean=0" in call and "nan=1" in call
 
 
-@pytest.mark.parametrize("value", [torch.empty(0, 4), torch.arange(6), torch.tensor(float("nan")), [torch.ones(2)]],
-                         ids=["empty", "int64", "all-nan", "list"])
+@pytest.mark.parametrize("value", [torch.empty(0, 4), torch.arange(6), torch.tensor(float("nan")), [torch.ones(2)],
+                                   torch.randint(0, 256, (4, 8), dtype=torch.uint8).view(torch.float4_e2m1fn_x2)],
+                         ids=["empty", "int64", "all-nan", "list", "fp4x2-packed"])
 def test_level_5_describes_any_argument(capsys, monkeypatch, value):
     monkeypatch.setenv("OPFORGE_LOGDEST", "stdout")
     opforge_api(lambda v: v, level=5)(value)

@@ -54,6 +54,10 @@ def _logger() -> logging.Logger:
     return logger
 
 
+#: Packed dtypes torch cannot convert to fp32: their values are not summarised.
+_NO_STATISTICS = frozenset(getattr(torch, name) for name in ("float4_e2m1fn_x2",) if hasattr(torch, name))
+
+
 def _has_values(t: torch.Tensor) -> bool:
     """Whether reading ``t``'s elements is safe: a dense tensor with data (not meta) whose storage
     holds every element it views. Logging runs before the op's own checks, and reading a tensor
@@ -76,7 +80,8 @@ def describe(value, level: int) -> str:
             f"Tensor(shape={tuple(value.shape)}, dtype={str(value.dtype).removeprefix('torch.')}, "
             f"device={value.device}, {layout})"
         )
-        if level >= 5 and value.numel() and (value.is_floating_point() or value.is_complex()) and _has_values(value):
+        if level >= 5 and value.numel() and value.dtype not in _NO_STATISTICS \
+                and (value.is_floating_point() or value.is_complex()) and _has_values(value):
             v = value.detach().float()
             nan = int(torch.isnan(v).sum())
             finite = v[torch.isfinite(v)]

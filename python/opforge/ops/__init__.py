@@ -2,6 +2,7 @@
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, rmsnorm
+from .nvfp4 import nvfp4_gemv
 from .scale import scale
 
 __all__ = [
@@ -13,4 +14,5 @@ __all__ = [
     "silu_and_mul",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
+    "nvfp4_gemv",
 ]

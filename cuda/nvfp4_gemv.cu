@@ -1,0 +1,386 @@
+// NVFP4 batched GEMV: c[m, 0, l] = sum_k A[m, k, l] * B[0, k, l] (see nvfp4_gemv.h for the
+// format, the arithmetic and the launch plan).
+//
+// The op is a stream over A (K/2 bytes per row plus K/16 bytes of scales); B is K/2 bytes per
+// batch, read by every row and served from L1/L2. Each thread reads 16-byte vectors of A
+// (32 values, two scale blocks) with 8 of them in flight per loop iteration, decodes FP4 pairs
+// to half2 and multiplies them with packed half2 FMAs. Per 16-value block the half2 sums are
+// exact (see block_sums), so fp16 math loses nothing: the block sum goes to fp32, is scaled by
+// scale_a * scale_b and added to the fp32 accumulator.
+//
+// Decoding FP4 depends on the arch the code was compiled for, and the driver picks the cubin of
+// the GPU it runs on, so the choice is made at run time per GPU:
+// * Blackwell-family targets (10.0a/f, 10.3a, 11.0a, 12.0a/f, ...; __CUDA_ARCH_FAMILY_SPECIFIC__
+//   >= 1000) have cvt.rn.f16x2.e2m1x2, one instruction per FP4 pair. No GPU of that family was
+//   available when this path was written: it is compiled (CUDA_ARCH_LIST="9.0a;10.0a") but has
+//   not run.
+// * Older GPUs (sm_80, sm_89, sm_90) have no FP4 instructions: a few shifts and masks per pair
+//   place each code's bits into an fp16 (fp4x8_to_half2x4).
+// E4M3 scales use cvt.rn.f16x2.e4m3x2 from sm_89 on, the same bit placement before.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <utility>
+
+#include "device.h"
+#include "nvfp4_gemv.h"
+#include "vec.cuh"
+
+namespace opforge::cuda {
+namespace {
+
+#if defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000
+#define OPFORGE_NVFP4_CVT_E2M1 1
+#endif
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ __half2 as_half2(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, sizeof(h));
+  return h;
+}
+
+// --- decoding ---------------------------------------------------------------------------------
+
+// The 8 FP4 codes of `w` as four half2. Which codes pair up differs between the two paths; A and
+// B always go through the same one, so every product still meets its partner.
+//
+// Software path: code bits s.e1.e0.m go to fp16 bits 15 and 11..9, i.e. an fp16 with exponent
+// field e and mantissa m/2: 2^(e-15) * (1 + m/2) for e > 0 and m * 2^-15 for e = 0 (an fp16
+// subnormal), exactly the E2M1 value times 2^-14 in both cases. Pairs are codes (i, i + 4).
+// Hardware path: the exact value, pairs of consecutive codes (the even one in the low half).
+__device__ __forceinline__ void fp4x8_to_half2x4(uint32_t w, uint32_t (&h)[4]) {
+#ifdef OPFORGE_NVFP4_CVT_E2M1
+  asm("{\n"
+      ".reg .b8 b0, b1, b2, b3;\n"
+      "mov.b32 {b0, b1, b2, b3}, %4;\n"
+      "cvt.rn.f16x2.e2m1x2 %0, b0;\n"
+      "cvt.rn.f16x2.e2m1x2 %1, b1;\n"
+      "cvt.rn.f16x2.e2m1x2 %2, b2;\n"
+      "cvt.rn.f16x2.e2m1x2 %3, b3;\n"
+      "}"
+      : "=r"(h[0]), "=r"(h[1]), "=r"(h[2]), "=r"(h[3])
+      : "r"(w));
+#else
+  h[0] = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);  // codes 0 and 4
+  h[1] = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);   // codes 1 and 5
+  h[2] = ((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u);   // codes 2 and 6
+  h[3] = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);          // codes 3 and 7
+#endif
+}
+
+#ifdef OPFORGE_NVFP4_CVT_E2M1
+constexpr float kAUnscale = 1.f;  // A decodes to its exact values
+#else
+constexpr float kAUnscale = 16384.f;  // A decodes to value * 2^-14; 2^14 is applied in fp32
+#endif
+
+// The 32 values of a 16-byte vector of B as 16 half2 holding the exact values (B is decoded once
+// per vector and reused for every row of the group; scaling it back to the true values keeps the
+// products with A's 2^-14-scaled values away from underflow).
+__device__ __forceinline__ void decode_b(const uint4& v, __half2 (&b)[16]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t h[4];
+    fp4x8_to_half2x4(words[i], h);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#ifdef OPFORGE_NVFP4_CVT_E2M1
+      b[4 * i + j] = as_half2(h[j]);
+#else
+      b[4 * i + j] = __hmul2(as_half2(h[j]), __float2half2_rn(16384.f));  // exact: a power of two
+#endif
+    }
+  }
+}
+
+// Sums over the two 16-value blocks of a vector of A against the decoded B, as (block 0, block 1)
+// in fp32, in units of kAUnscale. Exact: each half lane adds 8 products of two E2M1 values
+// (multiples of 1/4, at most 36), so every partial sum is a multiple of 1/4 below 288 (times
+// 2^-14 on the software path), which fp16 holds exactly; the two lanes then meet in fp32.
+__device__ __forceinline__ float2 block_sums(const uint4& a, const __half2 (&b)[16]) {
+  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+  __half2 s[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t h[4];
+    fp4x8_to_half2x4(words[i], h);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[i / 2] = __hfma2(as_half2(h[j]), b[4 * i + j], s[i / 2]);
+  }
+  const float2 s0 = __half22float2(s[0]), s1 = __half22float2(s[1]);
+  return make_float2(s0.x + s0.y, s1.x + s1.y);
+}
+
+// Two E4M3 scales (the lower address in the low byte) as exact floats; the NaN code gives NaN.
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short x) {
+#if __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(x));
+  return __half22float2(as_half2(h));
+#else
+  // Sign to fp16 bit 15 and exponent.mantissa to bits 14..7: an fp16 of the value * 2^-8 (E4M3
+  // subnormals land on fp16 subnormals); E4M3 has no infinities and one NaN code per sign.
+  const uint32_t u = x;
+  const uint32_t h = ((u & 0x80u) << 8) | ((u & 0x7Fu) << 7) | ((u & 0x8000u) << 16) | ((u & 0x7F00u) << 15);
+  float2 f = __half22float2(as_half2(h));
+  f.x = (u & 0x7Fu) == 0x7Fu ? __int_as_float(0x7fffffff) : f.x * 256.f;
+  f.y = (u & 0x7F00u) == 0x7F00u ? __int_as_float(0x7fffffff) : f.y * 256.f;
+  return f;
+#endif
+}
+
+// --- loads ------------------------------------------------------------------------------------
+
+// A and its scales are read exactly once: no L1 allocation, and L2 fetches 256-byte runs (a row
+// is read front to back). B and its scales are read by every row of the batch: through L1.
+template <bool WIDE>
+__device__ __forceinline__ uint4 load_a(const uint8_t* p) {
+  uint4 v;
+  if constexpr (WIDE) {
+#if __CUDA_ARCH__ >= 800
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+#else
+    v = __ldcs(reinterpret_cast<const uint4*>(p));
+#endif
+  } else {
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i / 4] |= uint32_t(__ldg(p + i)) << (8 * (i % 4));
+    v = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  return v;
+}
+
+template <bool WIDE>
+__device__ __forceinline__ unsigned short load_scale_a(const uint8_t* p) {
+  if constexpr (WIDE) {
+    unsigned short s;
+#if __CUDA_ARCH__ >= 800
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(s) : "l"(p));
+#else
+    s = __ldcs(reinterpret_cast<const unsigned short*>(p));
+#endif
+    return s;
+  } else {
+    return static_cast<unsigned short>(__ldg(p) | (__ldg(p + 1) << 8));
+  }
+}
+
+template <bool WIDE>
+__device__ __forceinline__ uint4 load_b(const uint8_t* p) {
+  if constexpr (WIDE) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+    return load_a<false>(p);
+  }
+}
+
+template <bool WIDE>
+__device__ __forceinline__ unsigned short load_scale_b(const uint8_t* p) {
+  if constexpr (WIDE) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  } else {
+    return load_scale_a<false>(p);
+  }
+}
+
+// --- kernels ----------------------------------------------------------------------------------
+
+// A group of `group` threads computes a task: ROWS rows of one batch over one slice of K (the
+// plan in nvfp4_gemv.h); the groups of the (resident) grid loop over the tasks. WIDE: every row
+// of A and B starts 16-byte aligned and every scale row 2-byte aligned (always so for tensors
+// allocated by torch); otherwise the same math reads bytes (a fallback for offset views, allowed
+// more registers: its grid may then take two rounds of blocks, which the task loop absorbs).
+template <int ROWS, bool WIDE>
+__global__ void __launch_bounds__(kNvfp4Threads, WIDE ? kNvfp4BlocksPerSm : 1)
+    nvfp4_gemv_kernel(const Nvfp4GemvParams p, const int group, const int splits) {
+  // Unrolled steps: 8 vectors of A in flight per thread. The byte-load path keeps one step: its
+  // vectors arrive as 16 separate bytes, which would not fit the register budget 8 times over.
+  constexpr int U = WIDE ? 8 / ROWS : 1;
+  __shared__ float partial[kNvfp4Threads / 32][ROWS];
+
+  const int lane = threadIdx.x & (group - 1);
+  const uint32_t groups_per_block = kNvfp4Threads / group;
+  // Tasks fit in 31 bits (checked at launch): 32-bit index arithmetic is cheap and `round`
+  // below cannot wrap.
+  const uint32_t row_groups_per_batch = static_cast<uint32_t>((p.m + ROWS - 1) / ROWS);
+  const uint32_t tasks = row_groups_per_batch * static_cast<uint32_t>(p.l) * static_cast<uint32_t>(splits);
+  const int64_t nv = p.k / kNvfp4VectorElems;
+  const int64_t per_slice = (nv + splits - 1) / splits;
+  const int width = group < 32 ? group : 32;
+
+  // Tasks are dealt to blocks in turn (task = round + group's index * blocks + block), so that
+  // every block, and every SM, gets as many tasks as the next one, to within one. The loop bound
+  // is uniform across the block (the shared-memory reduction has barriers): groups past the last
+  // task run it with nothing to read.
+  for (uint32_t round = 0; round < tasks; round += gridDim.x * groups_per_block) {
+    const uint32_t task = round + (threadIdx.x / group) * gridDim.x + blockIdx.x;
+    const bool active = task < tasks;
+    const uint32_t t = active ? task : 0;
+    const uint32_t slice = t % splits;
+    const uint32_t row_group = t / splits;
+    const int64_t batch = row_group / row_groups_per_batch;
+    const int64_t m0 = int64_t(row_group % row_groups_per_batch) * ROWS;
+    const int64_t v_begin = min64(nv, int64_t(slice) * per_slice);
+    const int64_t v_end = active ? min64(nv, v_begin + per_slice) : v_begin;
+
+    const uint8_t* a_rows[ROWS];
+    const uint8_t* sa_rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int64_t m = min64(m0 + r, p.m - 1);  // rows past M re-read the last one, unwritten
+      a_rows[r] = static_cast<const uint8_t*>(p.a) + m * p.a_stride_m + batch * p.a_stride_l;
+      sa_rows[r] = static_cast<const uint8_t*>(p.scale_a) + m * p.sa_stride_m + batch * p.sa_stride_l;
+    }
+    const uint8_t* b_row = static_cast<const uint8_t*>(p.b) + batch * p.b_stride_l;
+    const uint8_t* sb_row = static_cast<const uint8_t*>(p.scale_b) + batch * p.sb_stride_l;
+
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+
+    for (int64_t v0 = v_begin + lane; v0 < v_end; v0 += int64_t(group) * U) {
+      // Every load of the iteration first (steps past the slice read vector v0 again instead of
+      // branching), so that 8 vectors of A per thread are in flight at once; then the math.
+      uint4 av[U][ROWS], bv[U];
+      unsigned short as[U][ROWS], bs[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t v = v0 + int64_t(u) * group;
+        const int64_t vc = v < v_end ? v : v0;
+        bv[u] = load_b<WIDE>(b_row + vc * 16);
+        bs[u] = load_scale_b<WIDE>(sb_row + vc * 2);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          av[u][r] = load_a<WIDE>(a_rows[r] + vc * 16);
+          as[u][r] = load_scale_a<WIDE>(sa_rows[r] + vc * 2);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (v0 + int64_t(u) * group >= v_end) break;
+        __half2 b[16];
+        decode_b(bv[u], b);
+        float2 sb = e4m3x2_to_float2(bs[u]);
+        sb.x *= kAUnscale;  // exact: a power of two
+        sb.y *= kAUnscale;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const float2 s = block_sums(av[u][r], b);
+          const float2 sa = e4m3x2_to_float2(as[u][r]);
+          // s * sa is exact (at most 12 by 4 significant bits); the fma rounds once, into acc.
+          acc[r] = fmaf(s.x * sa.x, sb.x, acc[r]);
+          acc[r] = fmaf(s.y * sa.y, sb.y, acc[r]);
+        }
+      }
+    }
+
+    // Sum over the group: lanes of a warp by shuffles, then (groups wider than a warp) the warps'
+    // sums through shared memory, added in warp order. Fixed orders: results do not vary between
+    // runs.
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      for (int offset = width >> 1; offset > 0; offset >>= 1) {
+        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset, width);
+      }
+    }
+    if (group > 32) {
+      const int warp = threadIdx.x >> 5;
+      if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) partial[warp][r] = acc[r];
+      }
+      __syncthreads();
+      const int first_warp = warp & ~((group >> 5) - 1);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        float s = 0.f;
+        for (int w = 0; w < (group >> 5); ++w) s += partial[first_warp + w][r];
+        acc[r] = s;
+      }
+      __syncthreads();  // every warp has read `partial` before the next task writes it
+    }
+    if (active && lane == 0) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int64_t m = m0 + r;
+        if (m >= p.m) break;
+        if (splits == 1) {
+          static_cast<__half*>(p.out)[m * p.out_stride_m + batch * p.out_stride_l] = __float2half_rn(acc[r]);
+        } else {
+          p.workspace[(int64_t(slice) * p.l + batch) * p.m + m] = acc[r];
+        }
+      }
+    }
+  }
+}
+
+// Second pass of a split plan: each output adds its slices' partial sums in slice order.
+__global__ void __launch_bounds__(256) nvfp4_gemv_add_splits_kernel(const Nvfp4GemvParams p, const int splits) {
+  const int64_t outputs = p.m * p.l;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < outputs; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = p.workspace[i];
+    for (int j = 1; j < splits; ++j) s += p.workspace[int64_t(j) * outputs + i];
+    const int64_t batch = i / p.m, m = i % p.m;
+    static_cast<__half*>(p.out)[m * p.out_stride_m + batch * p.out_stride_l] = __float2half_rn(s);
+  }
+}
+
+template <int ROWS>
+void launch_rows(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, bool wide, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(plan.blocks));
+  if (wide) {
+    nvfp4_gemv_kernel<ROWS, true><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
+  } else {
+    nvfp4_gemv_kernel<ROWS, false><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
+  }
+}
+
+// Whether a pointer and the strides of the dimensions that are walked (size > 1) keep every row
+// on `align` bytes.
+bool rows_aligned(const void* ptr, int64_t align, std::initializer_list<std::pair<int64_t, int64_t>> dims) {
+  if (reinterpret_cast<uintptr_t>(ptr) % align != 0) return false;
+  for (const auto& [size, stride] : dims) {
+    if (size > 1 && stride % align != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int device, void* stream_ptr) {
+  if (p.m == 0 || p.l == 0) return 0;
+  if (plan.rows == 0 || plan.blocks <= 0 || plan.blocks > INT32_MAX ||
+      nvfp4_gemv_tasks(p.m, p.l, plan.rows, plan.splits) > INT32_MAX) {
+    return static_cast<int>(cudaErrorInvalidConfiguration);
+  }
+  if (plan.splits > 1 && p.workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  DeviceGuard guard(device);
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const bool wide = rows_aligned(p.a, 16, {{p.m, p.a_stride_m}, {p.l, p.a_stride_l}}) &&
+                    rows_aligned(p.b, 16, {{p.l, p.b_stride_l}}) &&
+                    rows_aligned(p.scale_a, 2, {{p.m, p.sa_stride_m}, {p.l, p.sa_stride_l}}) &&
+                    rows_aligned(p.scale_b, 2, {{p.l, p.sb_stride_l}});
+  switch (plan.rows) {
+    case 1: launch_rows<1>(p, plan, wide, stream); break;
+    case 2: launch_rows<2>(p, plan, wide, stream); break;
+    case 4: launch_rows<4>(p, plan, wide, stream); break;
+    default: return static_cast<int>(cudaErrorInvalidConfiguration);
+  }
+  int err = last_launch_status();
+  if (err != 0 || plan.splits == 1) return err;
+  const int64_t blocks = std::min<int64_t>(nvfp4_cdiv(p.m * p.l, 256), int64_t(sm_count(device)) * 8);
+  nvfp4_gemv_add_splits_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, plan.splits);
+  return last_launch_status();
+}
+
+}  // namespace opforge::cuda
