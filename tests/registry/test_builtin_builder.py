@@ -137,3 +137,45 @@ def test_builtin_on_gpu():
     run = build(builtin_solution(d, "rmsnorm", constants={"eps": 1e-5}), d, "cuda")
     x, w = torch.randn(5, 64, device="cuda"), torch.randn(64, device="cuda")
     torch.testing.assert_close(run(x, w), d.reference_fn()(x, w), rtol=1e-5, atol=1e-5)
+
+
+def _scale_with_extra_layout() -> Definition:
+    """``x * factor``, with ``x_t`` (x transposed) as a second input the way NVFP4 Definitions
+    carry both scale layouts: solutions read whichever suits them, opforge.scale neither."""
+    return Definition(name="scale_layouts_n8", op_type="scale", axes={"rows": AxisVar(), "n": AxisConst(value=8)},
+                      inputs={"x": TensorSpec(shape=["rows", "n"], dtype="float32"),
+                              "x_t": TensorSpec(shape=["n", "rows"], dtype="float32"),
+                              "factor": TensorSpec(shape=None, dtype="float32")},
+                      outputs={"out": TensorSpec(shape=["rows", "n"], dtype="float32")},
+                      reference="def run(x, x_t, factor):\n    return x * factor\n")
+
+
+def test_null_input_is_left_out_of_the_call():
+    d = _scale_with_extra_layout()
+    sol = builtin_solution(d, "scale", inputs={"x_t": None})
+    assert '"x_t": null' in sol.sources[0].content
+    run = build(sol, d, "cpu")
+    x, factor = torch.randn(5, 8), float(torch.randn(()))
+    # opforge.scale takes no x_t: a call that passed it would raise, so this shows it is left out.
+    torch.testing.assert_close(run(x, x.t().contiguous(), factor), x * factor)
+    torch.testing.assert_close(run(x=x, x_t=torch.empty(8, 5), factor=factor), x * factor)
+    assert build(builtin_solution(d, "scale", inputs={"x_t": None}), d, "cpu").calling == "positional"
+
+
+@pytest.mark.parametrize("inputs, match", [
+    ({}, r"x_t -> x_t not in opforge.scale\(x, factor, out, backend\); map each input .* or to null to leave it out"),
+    ({"x_t": None, "x": None}, "opforge.scale needs x, which no Definition input maps to"),
+    ({"x_t": "x"}, r"opforge.scale parameter\(s\) x would be given more than once"),
+    ({"x_t": None, "nope": None}, r"adapter maps unknown input\(s\) nope"),
+])
+def test_null_and_duplicate_mappings_checked_before_any_call(inputs, match):
+    d = _scale_with_extra_layout()
+    with pytest.raises(BuildError, match=match) as info:
+        build(builtin_solution(d, "scale", inputs=inputs), d, "cpu")
+    assert info.value.kind == SIGNATURE_ERROR
+
+
+def test_input_mapped_and_set_as_constant_refused():
+    d = _scale_with_extra_layout()
+    with pytest.raises(BuildError, match=r"parameter\(s\) factor would be given more than once"):
+        build(builtin_solution(d, "scale", inputs={"x_t": None}, constants={"factor": 2.0}), d, "cpu")

@@ -151,7 +151,9 @@ def test_missing_module_is_import_error(cache, mul):
 
 
 @pytest.mark.parametrize("src, dps, match", [
-    ("def run(x):\n    return x\n", False, r"entry takes \(x\); the Definition's value-returning call passes 2: \(x, w\)"),
+    ("def run(x, w, y, z):\n    return x\n", False,
+     r"entry takes \(x, w, y, z\); the Definition's value-returning call passes 2: \(x, w\), as separate arguments "
+     "or as one tuple"),
     ("def run(x, w, y):\n    y.copy_(x)\n", False, "looks destination-passing: set destination_passing_style"),
     ("def run(x, w):\n    return x\n", True, "looks value-returning: unset destination_passing_style"),
     ("def run(x, w, *, scale):\n    return x\n", False, "required keyword-only parameter\\(s\\) scale"),

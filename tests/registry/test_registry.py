@@ -113,9 +113,9 @@ def test_function_checks_still_apply(cache):
     with pytest.raises(BuildError, match="targets sm_90; this device is cpu") as info:
         reg.build("gpu_fn", mul_definition(), "cpu")
     assert info.value.kind == UNSUPPORTED
-    reg.register("short_fn", lambda x: x)
+    reg.register("long_fn", lambda x, w, y, z: x)
     with pytest.raises(BuildError, match="entry takes"):
-        reg.build("short_fn", mul_definition(), "cpu")
+        reg.build("long_fn", mul_definition(), "cpu")
 
 
 def test_decorator(backends, cache):

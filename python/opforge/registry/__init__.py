@@ -16,10 +16,17 @@ Definition's inputs and return its outputs::
 
     ref = build(reference_solution(definition), definition)   # the reference, built the same way
 
+    def kernel(data):                             # one parameter: the values come as one tuple,
+        hidden_states, weight, output = data      # inputs then outputs (destination-passing)
+        ...                                       # fill output
+        return output
+    BACKENDS.register("rmsnorm_tuple", kernel, "one tuple in", "triton", definition="rmsnorm_h4096",
+                      destination_passing_style=True)
+
 Modules: registry.py (Registry, BACKENDS, the decorator, loading modules and JSON files),
 builders/ (one loader per language), checks.py (hardware, dependencies, entry point,
 signature), cache.py (the build cache, $OPFORGE_CACHE_DIR), runnable.py (calling
-conventions), errors.py (BuildError and its kinds), solutions.py (reference, builtin and
+conventions: separate arguments, keywords, one tuple), errors.py (BuildError and its kinds), solutions.py (reference, builtin and
 function-backed Solutions).
 """
 

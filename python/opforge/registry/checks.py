@@ -261,26 +261,45 @@ def signature_of(fn: Callable) -> Optional[Params]:
     return Params(names, required, var, tuple(keyword_only))
 
 
-def check_signature(solution, fn: Callable, inputs: list[str], outputs: list[str], dps: bool) -> bool:
+#: How a Runnable calls its entry (check_signature's answer).
+POSITIONAL = "positional"  # entry(*values), the Definition's order
+BY_NAME = "by_name"  # entry(**{name: value}): its parameters carry the Definition's names
+TUPLE = "tuple"  # entry(values): one tuple (see check_signature)
+
+
+def check_signature(solution, fn: Callable, inputs: list[str], outputs: list[str], dps: bool) -> str:
     """Fit the entry callable to the Definition: its inputs, then its outputs for
-    destination-passing style. Names may differ; the count must fit. Returns whether calls go
-    by keyword: when the parameters carry every name the Definition passes, in any order (for a
-    compiled function, only when the order differs: it may take no keywords)."""
+    destination-passing style. Names may differ; the count must fit. Returns how calls go
+    (POSITIONAL, BY_NAME or TUPLE):
+
+    * BY_NAME when the parameters carry every name the Definition passes, in any order (for a
+      compiled function, only when the order differs: it may take no keywords);
+    * TUPLE when the entry has exactly one positional parameter (any name, any annotation:
+      ``def kernel(data: input_t) -> output_t``) and the call passes more than one value: the
+      values go in as one tuple, inputs then outputs for destination-passing style;
+    * POSITIONAL otherwise, and when nothing says what the callable takes.
+
+    With exactly one value to pass (a value-returning Definition with one input), one parameter
+    takes that value itself: a one-tuple and a one-tensor parameter look the same, and the
+    plain call is what such entries have always received.
+    """
     params = signature_of(fn)
     if params is None:
-        return False
+        return POSITIONAL
     names = params.names
     expected = inputs + outputs if dps else inputs
     n = len(expected)
+    if n > 1 and len(names) == 1 and not params.var and not params.keyword_only:
+        return TUPLE
     if params.required <= n and (len(names) >= n or params.var) and not params.keyword_only:
         by_name = set(expected) <= set(names) and set(names[:params.required]) <= set(expected)
-        return by_name and not (params.compiled and names[:n] == expected)
+        return BY_NAME if by_name and not (params.compiled and names[:n] == expected) else POSITIONAL
     style = "destination-passing call passes inputs then outputs" if dps else "value-returning call passes"
     if params.keyword_only:
         problem = f"entry has required keyword-only parameter(s) {', '.join(params.keyword_only)}"
     else:
         problem = "entry takes (" + ", ".join(names + (["*args"] if params.var else [])) + ")"
-    problem += f"; the Definition's {style} {n}: ({', '.join(expected)})"
+    problem += f"; the Definition's {style} {n}: ({', '.join(expected)}), as separate arguments or as one tuple"
     if not dps and outputs and len(names) == len(inputs) + len(outputs):
         problem += "; it looks destination-passing: set destination_passing_style"
     elif dps and len(names) == len(inputs):

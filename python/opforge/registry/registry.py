@@ -5,8 +5,28 @@ Python function.
 starts empty; modules of solutions fill it when imported (``BACKENDS.register(...)`` or the
 ``@register_solution`` decorator), and ``load_solution_modules`` imports such modules and
 reads Solution JSON files. Create another ``Registry()`` wherever a separate set is wanted
-(tests, one task's kernels: ``Registry(definition="nvfp4_gemv")`` makes ``definition`` the
-default of every registration).
+(tests, one task's kernels: ``Registry(definition="nvfp4_gemv_m128_k7168")`` makes
+``definition`` the default of every registration).
+
+One task's kernels, registered with the seed-style call ``register(name, kernel_fn,
+description, language)`` alone, need their Definition and calling convention from somewhere:
+a task module says them once and the kernel modules import its registry::
+
+    # task.py
+    from opforge.registry import BACKENDS as ALL
+    BACKENDS = ALL.with_defaults(definition="nvfp4_gemv_m128_k7168", destination_passing_style=True)
+
+    # my_kernel.py
+    from task import BACKENDS
+    def kernel(data):                       # data = (a, b, ..., c): inputs, then the output
+        a, b, *_, c = data
+        ...                                 # fill c
+        return c
+    BACKENDS.register("triton", kernel, "my Triton kernel", "triton")
+
+``with_defaults`` shares the solutions of the registry it is called on, so what the kernel
+modules register is what ``opforge smoke`` and ``opforge run`` (which read ``BACKENDS``) see.
+A function with exactly one parameter is called with one tuple (runnable.py says which).
 
 A name can be registered once; registering it again is refused unless the Solution is the
 same content (a module imported a second time), which then rebinds its function.
@@ -56,9 +76,22 @@ def _solution_from(value) -> Solution:
 class Registry:
     """Named Solutions (see the module doc)."""
 
-    def __init__(self, definition: Optional[str] = None):
+    def __init__(self, definition=None, *, destination_passing_style: bool = False):
+        #: Defaults of function registrations: the Definition (or its name) they solve, and
+        #: whether their functions write into given outputs.
         self.definition = definition
+        self.destination_passing_style = destination_passing_style
         self._entries: dict[str, _Entry] = {}
+
+    def with_defaults(self, definition=None, *, destination_passing_style: Optional[bool] = None) -> "Registry":
+        """A Registry holding the same solutions (a registration in either is in both) whose
+        function registrations default to ``definition`` and ``destination_passing_style``
+        (each left None: this registry's)."""
+        view = Registry(definition if definition is not None else self.definition,
+                        destination_passing_style=self.destination_passing_style if destination_passing_style is None
+                        else destination_passing_style)
+        view._entries = self._entries
+        return view
 
     # --- registering ----------------------------------------------------------------------
 
@@ -68,9 +101,11 @@ class Registry:
 
         ``register(solution)``: a Solution, its JSON dict, or a path to its JSON file.
         ``register(name, kernel_fn, description, language, definition=None, **options)``: a
-        live Python function taking the Definition's inputs and returning its outputs (options:
+        live Python function taking the Definition's inputs and returning its outputs, or with
+        destination_passing_style taking the inputs then the outputs and filling those; either
+        as separate arguments or, for a function of one parameter, as one tuple (options:
         author, target_hardware, dependencies, destination_passing_style). ``definition`` (a
-        Definition or its name) defaults to the registry's.
+        Definition or its name) and destination_passing_style default to the registry's.
         """
         if kernel_fn is None:
             if description is not None or definition is not None or options:
@@ -81,6 +116,7 @@ class Registry:
         if definition is None:
             raise ValueError(f"register {name!r}: which Definition does it solve? pass definition= "
                              f"(or create the registry with Registry(definition=...))")
+        options.setdefault("destination_passing_style", self.destination_passing_style)
         solution = callable_solution(kernel_fn, name, definition, description=description, language=language,
                                      **options)
         return self._add(_Entry(solution, kernel_fn))
@@ -149,19 +185,23 @@ BACKENDS = Registry()
 
 def register_solution(definition=None, *, name: Optional[str] = None, language: str = "python",
                       author: Optional[str] = None, description: Optional[str] = None,
-                      destination_passing_style: bool = False, target_hardware: Optional[Iterable[str]] = None,
-                      dependencies: Iterable[str] = (), registry: Optional[Registry] = None):
+                      destination_passing_style: Optional[bool] = None,
+                      target_hardware: Optional[Iterable[str]] = None, dependencies: Iterable[str] = (),
+                      registry: Optional[Registry] = None):
     """Decorator: register the function as a solution of ``definition`` (name: the function's,
-    registry: BACKENDS) and return it unchanged.
+    registry: BACKENDS; definition and destination_passing_style: the registry's defaults
+    when left out) and return it unchanged.
 
     >>> @register_solution("rmsnorm_h4096", language="triton")
     ... def rmsnorm_triton(hidden_states, weight): ...
     """
     def decorate(fn: Callable) -> Callable:
-        (registry if registry is not None else BACKENDS).register(
+        target = registry if registry is not None else BACKENDS
+        target.register(
             name or fn.__name__, fn, description or (fn.__doc__ or "").strip().split("\n")[0] or None, language,
             definition, author=author, target_hardware=target_hardware, dependencies=dependencies,
-            destination_passing_style=destination_passing_style)
+            destination_passing_style=target.destination_passing_style if destination_passing_style is None
+            else destination_passing_style)
         return fn
 
     return decorate

@@ -9,6 +9,20 @@ Definition, else a tuple in the Definition's output order.
 * destination-passing entries get the inputs then freshly allocated outputs (shapes from the
   call's axis values, dtypes from the Definition, on the first input tensor's device) and the
   Runnable returns those; ``call_into`` passes caller-owned outputs instead.
+
+How the entry receives the values (``calling``, decided by checks.check_signature):
+
+* ``positional``: ``entry(x, w)`` (destination-passing: ``entry(x, w, y)``);
+* ``by_name``: ``entry(x=..., w=...)``, when its parameters carry the Definition's names;
+* ``tuple``: ``entry((x, w))``, one tuple, for an entry with exactly one parameter
+  (``def kernel(data: input_t) -> output_t``). Destination-passing, the tuple holds the inputs
+  then the outputs, ``(a, b, ..., c)``: the entry fills the outputs and returns them (or None);
+  returning any other value is an error, since it would mean the outputs were never written.
+  Value-returning, the tuple holds the inputs only and the entry returns its outputs as above.
+  The calling style follows the solution's ``destination_passing_style``, not the parameter's
+  name or annotation. A value-returning Definition with a single input passes that input
+  itself (``entry(x)``): a one-tuple and a one-tensor parameter cannot be told apart, and the
+  plain call is what such entries have always received.
 """
 
 from __future__ import annotations
@@ -17,33 +31,40 @@ from typing import Callable, Optional
 
 import torch
 
+from .checks import BY_NAME, POSITIONAL, TUPLE
+
 
 class Runnable:
     """A callable built from a Solution for a Definition (see the module doc).
 
     Attributes: ``solution``, ``definition``, ``fn`` (the entry callable itself),
-    ``destination_passing_style``, ``by_name`` (entry called with keyword arguments),
-    ``cache_hit`` (True/False for cached builds, None when nothing was cached), ``build_dir``
-    and ``artifact`` (the compiled library, for native languages).
+    ``destination_passing_style``, ``calling`` (positional, by_name or tuple; see the module
+    doc) and ``by_name`` (calling == by_name), ``cache_hit`` (True/False for cached builds,
+    None when nothing was cached), ``build_dir`` and ``artifact`` (the compiled library, for
+    native languages).
     """
 
-    def __init__(self, fn: Callable, solution, definition, *, dps: bool, by_name: bool,
+    def __init__(self, fn: Callable, solution, definition, *, dps: bool, calling: str = POSITIONAL,
                  cache_hit: Optional[bool] = None, build_dir=None, artifact=None):
+        if calling not in (POSITIONAL, BY_NAME, TUPLE):
+            raise ValueError(f"Runnable: calling {calling!r}; accepted: {POSITIONAL}, {BY_NAME}, {TUPLE}")
         self.fn = fn
         self.solution = solution
         self.definition = definition
         self.destination_passing_style = dps
-        self.by_name = by_name
+        self.calling = calling
+        self.by_name = calling == BY_NAME
         self.cache_hit = cache_hit
         self.build_dir = build_dir
         self.artifact = artifact
         self.input_names = list(definition.inputs)
         self.output_names = list(definition.outputs)
+        self._dps_names = self.input_names + self.output_names
         self._name = f"solution {solution.name!r}"
 
     def __repr__(self) -> str:
         style = "destination-passing" if self.destination_passing_style else "value-returning"
-        return f"<Runnable {self.solution.name} for {self.definition.name} ({style})>"
+        return f"<Runnable {self.solution.name} for {self.definition.name} ({style}, {self.calling})>"
 
     # --- calling --------------------------------------------------------------------------
 
@@ -61,18 +82,31 @@ class Runnable:
             raise TypeError(f"{self._name}: unexpected argument(s) {extra} (inputs: {', '.join(names)})")
         return values
 
-    def _invoke(self, values: list, names: list[str]):
-        if self.by_name:
-            return self.fn(**dict(zip(names, values)))
+    def _call_value_returning(self, values: list):
+        if self.calling == TUPLE:
+            return self.fn(tuple(values))
+        if self.calling == BY_NAME:
+            return self.fn(**dict(zip(self.input_names, values)))
         return self.fn(*values)
+
+    def _fill(self, inputs_then_outputs: tuple) -> None:
+        """The destination-passing call."""
+        if self.calling == TUPLE:
+            result = self.fn(inputs_then_outputs)
+            if result is not None:
+                self._check_returned_outputs(result, inputs_then_outputs[len(self.input_names):])
+        elif self.calling == BY_NAME:
+            self.fn(**dict(zip(self._dps_names, inputs_then_outputs)))
+        else:
+            self.fn(*inputs_then_outputs)
 
     def __call__(self, *args, **kwargs):
         values = self._bind(args, kwargs)
         if self.destination_passing_style:
             outputs = self.allocate_outputs(*values)
-            self._invoke(values + outputs, self.input_names + self.output_names)
+            self._fill((*values, *outputs))
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
-        return self._outputs(self._invoke(values, self.input_names))
+        return self._outputs(self._call_value_returning(values))
 
     def call_into(self, *inputs_then_outputs):
         """Destination-passing call with caller-owned outputs: the inputs, then the outputs, in
@@ -83,7 +117,21 @@ class Runnable:
         if len(inputs_then_outputs) != n:
             raise TypeError(f"{self._name}: call_into takes {n} tensors (inputs then outputs); "
                             f"got {len(inputs_then_outputs)}")
-        self._invoke(list(inputs_then_outputs), self.input_names + self.output_names)
+        self._fill(inputs_then_outputs)
+
+    def _check_returned_outputs(self, result, outputs: tuple) -> None:
+        """A one-tuple destination-passing entry returns the outputs it was given (``return c``).
+        Anything else means it computed elsewhere and left the outputs unwritten: say so here
+        rather than let the caller read the untouched buffers."""
+        if isinstance(result, dict):
+            result = tuple(result.get(n) for n in self.output_names)
+        elif not isinstance(result, (tuple, list)):
+            result = (result,)
+        if len(result) == len(outputs) and all(_same_tensor(r, o) for r, o in zip(result, outputs)):
+            return
+        names = ", ".join(self.output_names)
+        raise ValueError(f"{self._name}: returned a value that is not its output {names}; write into the "
+                         f"output(s) in the tuple and return them (or None)")
 
     def _outputs(self, result):
         names = self.output_names
@@ -131,3 +179,10 @@ class Runnable:
         device = next((v.device for v in inputs if isinstance(v, torch.Tensor)), torch.device("cpu"))
         return [torch.empty(shapes[name] or (), dtype=spec.dtype.to_torch(), device=device)
                 for name, spec in self.definition.outputs.items()]
+
+
+def _same_tensor(a, b: torch.Tensor) -> bool:
+    """``a`` is ``b``, or a view of exactly the same memory (a buffer that went through DLPack
+    comes back as a new tensor object)."""
+    return a is b or (isinstance(a, torch.Tensor) and a.device == b.device and a.dtype == b.dtype
+                      and a.shape == b.shape and a.stride() == b.stride() and a.data_ptr() == b.data_ptr())

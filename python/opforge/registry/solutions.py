@@ -40,7 +40,8 @@ def builtin_solution(definition, op: str, *, inputs: Optional[dict] = None, cons
     """A Solution running ``opforge.<op>`` for ``definition`` (a Definition or its name).
 
     inputs: Definition input -> op parameter where they differ (``{"hidden_states": "input"}``
-    is the default alias anyway); constants: keyword arguments of every call
+    is the default alias anyway), or None for an input the op does not take
+    (``{"scale_a_permuted": None}``: it is left out of the call); constants: keyword arguments of every call
     (``{"eps": 1e-5}``); outputs: what the op returns, in order, as Definition output names
     (None for a returned value the Definition lacks, e.g. ``["output", None]``).
     See builders/builtin.py for the adapter file this writes.

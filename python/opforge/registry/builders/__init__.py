@@ -31,13 +31,13 @@ from ..runnable import Runnable
 @dataclass
 class Loaded:
     """What a language's loader hands back: the entry callable and where it came from.
-    ``by_name`` None lets the signature check decide how the Runnable calls it."""
+    ``calling`` None lets the signature check decide how the Runnable calls it."""
 
     fn: Callable
     cache_hit: Optional[bool] = None
     build_dir: Optional[Path] = None
     artifact: Optional[Path] = None
-    by_name: Optional[bool] = None
+    calling: Optional[str] = None
 
 
 IMPORTED = ("python", "pytorch", "triton", "tilelang", "cutedsl")
@@ -107,8 +107,8 @@ def build(solution, definition, device=None, *, fn: Optional[Callable] = None) -
         check_device(solution, device)
     loaded = Loaded(fn) if fn is not None else _load(solution, definition, language, device)
     dps = bool(solution.spec.destination_passing_style)
-    by_name = loaded.by_name
-    if by_name is None:
-        by_name = check_signature(solution, loaded.fn, list(definition.inputs), list(definition.outputs), dps)
-    return Runnable(loaded.fn, solution, definition, dps=dps, by_name=by_name, cache_hit=loaded.cache_hit,
+    calling = loaded.calling
+    if calling is None:
+        calling = check_signature(solution, loaded.fn, list(definition.inputs), list(definition.outputs), dps)
+    return Runnable(loaded.fn, solution, definition, dps=dps, calling=calling, cache_hit=loaded.cache_hit,
                     build_dir=loaded.build_dir, artifact=loaded.artifact)

@@ -6,8 +6,11 @@ of the solution saying how the Definition's names meet the op's parameters. Ever
 optional (``{}`` takes the defaults)::
 
     {
-      "inputs":    {"hidden_states": "input"},   Definition input -> op parameter
-                                                 (default: the same name, else DEFAULT_ALIASES)
+      "inputs":    {"hidden_states": "input",    Definition input -> op parameter
+                    "scale_a_permuted": null},   (default: the same name, else DEFAULT_ALIASES);
+                                                 null: an input the op does not take, left out
+                                                 of the call (a second layout of the same data
+                                                 that other solutions read instead)
       "constants": {"eps": 1e-5},                further keyword arguments of every call
       "outputs":   ["output", null]              what the op returns, in order: a Definition
                                                  output's name, or null for a value the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import inspect
 import json
 
+from ..checks import POSITIONAL
 from ..errors import ENTRY_POINT_ERROR, SIGNATURE_ERROR, UNSUPPORTED, BuildError
 from . import Loaded
 
@@ -80,13 +84,21 @@ def load(solution, definition, entry_file: str, symbol: str) -> Loaded:
         if name not in mapping:
             mapping[name] = name if name in params else DEFAULT_ALIASES.get(name, name)
     constants = dict(adapter.get("constants", {}))
-    unknown = [f"{k} -> {v}" for k, v in mapping.items() if v not in params]
+    unknown = [f"{k} -> {v}" for k, v in mapping.items() if v is not None and v not in params]
     unknown += [k for k in constants if k not in params]
     if unknown or set(mapping) - set(definition.inputs):
-        problem = (f"parameter(s) {', '.join(unknown)} not in opforge.{symbol}({', '.join(params)})" if unknown
+        problem = (f"parameter(s) {', '.join(unknown)} not in opforge.{symbol}({', '.join(params)}); "
+                   f"map each input to a parameter under \"inputs\" in {entry_file}, or to null to leave it out"
+                   if unknown
                    else f"adapter maps unknown input(s) {', '.join(sorted(set(mapping) - set(definition.inputs)))}")
         raise BuildError(SIGNATURE_ERROR, solution.name, problem)
-    given = set(mapping.values()) | set(constants)
+    passed = [v for v in mapping.values() if v is not None]
+    twice = sorted({p for p in passed if passed.count(p) > 1} | (set(passed) & set(constants)))
+    if twice:
+        raise BuildError(SIGNATURE_ERROR, solution.name,
+                         f"opforge.{symbol} parameter(s) {', '.join(twice)} would be given more than once "
+                         f"(map one Definition input to each, null for inputs the op does not take)")
+    given = set(passed) | set(constants)
     missing = [p.name for p in params.values() if p.default is p.empty and p.name not in given
                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if missing:
@@ -98,11 +110,12 @@ def load(solution, definition, entry_file: str, symbol: str) -> Loaded:
         raise BuildError(SIGNATURE_ERROR, solution.name,
                          f"adapter outputs {outputs} do not name each of the Definition's outputs "
                          f"{list(definition.outputs)} once (null marks a returned value to drop)")
-    names = list(definition.inputs)
+    # (op parameter, position among the Definition's inputs) of each input the op takes.
+    taken = [(mapping[n], i) for i, n in enumerate(definition.inputs) if mapping[n] is not None]
     order = [outputs.index(n) for n in definition.outputs]
 
     def call(*args):
-        kwargs = {mapping[n]: v for n, v in zip(names, args)}
+        kwargs = {param: args[i] for param, i in taken}
         result = op(**kwargs, **constants)
         values = result if isinstance(result, tuple) else (result,)
         if len(values) != len(outputs):
@@ -112,4 +125,4 @@ def load(solution, definition, entry_file: str, symbol: str) -> Loaded:
         return picked[0] if len(picked) == 1 else picked
 
     call.__name__ = f"builtin_{symbol}"
-    return Loaded(call, by_name=False)
+    return Loaded(call, calling=POSITIONAL)
