@@ -32,8 +32,12 @@ def test_builtin_dataset_loads_strictly_with_every_op():
         for size in builtin.HIDDEN_SIZES:
             abbrev = "d" if prefix.endswith("_and_mul") else "h"
             assert f"{prefix}_{abbrev}{size}" in names
+    for m, k in builtin.NVFP4_GEMV_SHAPES:
+        assert f"nvfp4_gemv_m{m}_k{k}" in names
     for name, definition in trace_set.definitions.items():
         workloads = trace_set.get_workloads(name)
-        assert sorted(w.workload.axes["batch_size"] for w in workloads) == sorted(builtin.BATCH_SIZES)
+        (axis,) = definition.var_axes
+        want = builtin.builtin_sizes(builtin.template_of(definition))[1]
+        assert sorted(w.workload.axes[axis] for w in workloads) == sorted(want)
         for w in workloads:
             definition.check_workload(w.workload)

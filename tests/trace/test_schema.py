@@ -58,12 +58,15 @@ def test_dtype_values_itemsize_and_torch():
     import torch
 
     assert [d.value for d in DType] == ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-                                        "float4_e2m1", "int64", "int32", "int16", "int8", "bool"]
+                                        "float4_e2m1", "float4_e2m1fn_x2", "int64", "int32", "int16", "int8", "bool"]
     assert DType.FLOAT4_E2M1.itemsize == 0.5 and DType.INT64.itemsize == 8 and DType.BOOL.itemsize == 1
+    assert DType.FLOAT4_E2M1FN_X2.itemsize == 1  # a declared element is one byte of two values
     for d in DType:
-        if d is DType.FLOAT4_E2M1 and not hasattr(torch, "float4_e2m1fn_x2"):
+        if d in (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2) and not hasattr(torch, "float4_e2m1fn_x2"):
             continue
-        assert DType.from_torch(d.to_torch()) is d
+        # Both FP4 spellings are float4_e2m1fn_x2 tensors, whose shape counts bytes.
+        want = DType.FLOAT4_E2M1FN_X2 if d is DType.FLOAT4_E2M1 else d
+        assert DType.from_torch(d.to_torch()) is want
     assert DType.BFLOAT16.to_torch() is torch.bfloat16
     assert DType("float8_e4m3") is DType.FLOAT8_E4M3FN  # early FlashInfer-Trace spelling
     with pytest.raises(ValueError, match="float64 has no trace dtype"):
@@ -128,7 +131,7 @@ def test_resolve_shapes_errors_name_the_definition(values, message):
     (dict(aliases={"output": "x"}), "aliases.output", "'x' is not an input"),
     (dict(value_domains={"weight": {"kind": "indptr", "total": 4}}), "value_domains.weight", "1-D integer input"),
     (dict(value_domains={"weight": {"low": 1, "high": 1}}), "value_domains.weight", "low (1) must be below high (1)"),
-    (dict(value_domains={"weight": {"kind": "zipf"}}), "value_domains.weight", "kind must be 'range' or 'indptr'"),
+    (dict(value_domains={"weight": {"kind": "zipf"}}), "value_domains.weight", "kind must be 'range', 'indptr', 'log_uniform' or 'derived'"),
     (dict(value_domains={"nope": {"low": 0, "high": 1}}), "value_domains.nope", "'nope' is not an input"),
     (dict(bytes="batch_size * hidden_size * dtype_size + warp"), "bytes", "unknown name warp"),
     (dict(flops="open('x')"), "flops", "calling 'open' is not allowed"),

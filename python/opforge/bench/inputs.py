@@ -1,27 +1,62 @@
 """Inputs of a workload, reproducible from a seed.
 
-Random tensors respect the Definition's value domains: integer ranges (optionally unique),
-ragged-batch offsets (indptr: non-decreasing from 0 to a total), and otherwise standard normal
-floats / uniform bools. Scalars come from the workload; safetensors inputs are loaded and
-shape-checked through the TraceSet. The same (definition, workload, seed) always gives the
-same values, on every device.
+Random tensors respect the Definition's value domains (extensions.py): integer ranges
+(optionally unique), ragged-batch offsets (indptr: non-decreasing from 0 to a total), positive
+values spread over binades (log_uniform), and inputs derived from another input (derived: a
+rearrangement, never random). Without a domain: standard normal floats, uniform bools, and for
+FP4 E2M1 uniform bytes (every code in both nibbles). Scalars come from the workload;
+safetensors inputs are loaded and shape-checked through the TraceSet. The same (definition,
+workload, seed) always gives the same values, on every device.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..trace import RandomInput, SafetensorsInput, ScalarInput
+from ..trace import DType, RandomInput, SafetensorsInput, ScalarInput
+from ..trace.extensions import DerivedDomain
+
+_FP4 = (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2)
 
 
-def _random_tensor(definition, name: str, shape: tuple, dtype: torch.dtype, axis_values: dict,
-                   gen: torch.Generator) -> torch.Tensor:
+def _blocked_128x4(scale: torch.Tensor) -> torch.Tensor:
+    from ..ops.nvfp4_format import to_blocked
+
+    return to_blocked(scale)
+
+
+#: The implementation of each transform a ``derived`` domain may name (extensions.DERIVED_TRANSFORMS).
+TRANSFORMS = {"blocked_128x4": _blocked_128x4}
+
+
+def _log_uniform(shape: tuple, dtype: torch.dtype, low: float, high: float, gen: torch.Generator) -> torch.Tensor:
+    """Representable values of ``dtype`` in [low, high]: a binade uniformly, then one of its
+    values uniformly (the dtype's encodings are enumerated, so every value is exact)."""
+    bits = torch.finfo(dtype).bits
+    codes = torch.arange(2 ** bits, dtype=torch.int32)
+    codes = torch.where(codes >= 2 ** (bits - 1), codes - 2 ** bits, codes)  # two's complement
+    values = codes.to(torch.int8 if bits == 8 else torch.int16).view(dtype).to(torch.float64)
+    values = torch.unique(values[torch.isfinite(values) & (values >= low) & (values <= high)])  # sorted
+    if not values.numel():
+        raise ValueError(f"no {dtype} value lies in [{low}, {high}]")
+    _, binade = torch.frexp(values)
+    _, counts = torch.unique_consecutive(binade, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    pick = torch.randint(0, counts.numel(), shape, generator=gen)
+    within = (torch.rand(shape, generator=gen, dtype=torch.float64) * counts[pick]).long()
+    return values[starts[pick] + torch.minimum(within, counts[pick] - 1)].to(dtype)
+
+
+def _random_tensor(definition, name: str, shape: tuple, spec, axis_values: dict, gen: torch.Generator) -> torch.Tensor:
+    dtype = spec.dtype.to_torch()
     domain = definition.resolve_value_domain(name, axis_values)
     if domain is not None and domain["kind"] == "indptr":
         n = shape[0] if shape else 1
         total = int(domain["total"])
         cuts = torch.sort(torch.randint(0, total + 1, (max(n - 2, 0),), generator=gen)).values
         return torch.cat([torch.tensor([0]), cuts, torch.tensor([total])])[:n].to(dtype)
+    if domain is not None and domain["kind"] == "log_uniform":
+        return _log_uniform(shape, dtype, float(domain["low"]), float(domain["high"]), gen)
     if domain is not None:
         low, high = domain["low"], domain["high"]
         count = 1
@@ -34,6 +69,10 @@ def _random_tensor(definition, name: str, shape: tuple, dtype: torch.dtype, axis
         if dtype.is_floating_point:
             return (torch.rand(shape, generator=gen) * (high - low) + low).to(dtype)
         return torch.randint(int(low), int(high), shape, generator=gen).to(dtype)
+    if spec.dtype in _FP4:
+        # Uniform bytes: all 16 E2M1 codes in both nibbles (zero, -0, every sign and exponent).
+        raw = torch.randint(0, 256, spec.dtype.storage_shape(shape), generator=gen, dtype=torch.uint8)
+        return raw.view(dtype)
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) < 0.5
     if dtype.is_floating_point:
@@ -42,28 +81,47 @@ def _random_tensor(definition, name: str, shape: tuple, dtype: torch.dtype, axis
     return torch.randint(max(info.min, -128), min(info.max, 127) + 1, shape, generator=gen).to(dtype)
 
 
+def _derived_tensor(definition, name: str, domain: DerivedDomain, source, shape: tuple, spec) -> torch.Tensor:
+    if not isinstance(source, torch.Tensor):
+        raise ValueError(f"{definition.name}: input {name} is derived from {domain.source}, which is not a tensor")
+    value = TRANSFORMS[domain.transform](source)
+    want = spec.dtype.storage_shape(shape)
+    if tuple(value.shape) != want or value.dtype != spec.dtype.to_torch():
+        raise ValueError(f"{definition.name}: input {name}: {domain.transform} of {domain.source} "
+                         f"{tuple(source.shape)} is {tuple(value.shape)} {value.dtype}; the Definition "
+                         f"declares {want} {spec.dtype.value}")
+    return value
+
+
 def generate_inputs(definition, workload, *, seed: int | None = None, device: str = "cpu",
                     trace_set=None) -> list:
     """The workload's inputs in the Definition's order. ``seed`` defaults to the workload's own
-    (then 0); values are drawn on the CPU and moved, so they do not depend on the device."""
+    (then 0); values are drawn on the CPU and moved, so they do not depend on the device.
+    Derived inputs are made last, from their source's final value."""
     axis_values = definition.full_axis_values(workload.axes)
     shapes = definition.resolve_shapes(workload.axes)
     seed = seed if seed is not None else (workload.seed if workload.seed is not None else 0)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    values = []
+    values: dict = {}
+    derived = []
     for name, spec in definition.inputs.items():
         source = workload.inputs.get(name)
         if isinstance(source, ScalarInput):
-            values.append(source.value)
+            values[name] = source.value
         elif isinstance(source, SafetensorsInput):
             if trace_set is None:
                 raise ValueError(f"{definition.name}: input {name} is a safetensors blob; pass the TraceSet")
-            values.append(trace_set.load_input_tensor(definition.name, workload, name, device=device))
+            values[name] = trace_set.load_input_tensor(definition.name, workload, name, device=device)
         elif (isinstance(source, RandomInput) or source is None) and spec.shape is None:
-            values.append(float(torch.randn((), generator=gen)))  # a random Python scalar
+            values[name] = float(torch.randn((), generator=gen))  # a random Python scalar
+        elif isinstance(definition.value_domains.get(name), DerivedDomain):
+            derived.append(name)
         elif isinstance(source, RandomInput) or source is None:
-            tensor = _random_tensor(definition, name, shapes[name] or (), spec.dtype.to_torch(), axis_values, gen)
-            values.append(tensor.to(device))
+            values[name] = _random_tensor(definition, name, shapes[name] or (), spec, axis_values, gen).to(device)
         else:
             raise ValueError(f"{definition.name}: input {name}: unsupported source {source!r}")
-    return values
+    for name in derived:
+        domain = definition.value_domains[name]
+        values[name] = _derived_tensor(definition, name, domain, values[domain.source], shapes[name] or (),
+                                       definition.inputs[name])
+    return [values[name] for name in definition.inputs]

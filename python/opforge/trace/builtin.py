@@ -1,6 +1,7 @@
 """The built-in dataset: a Definition, a few Workloads and the builtin Solution (opforge's own
-op) for every built-in op at common model sizes, shipped inside the wheel (opforge/data/builtin/, FlashInfer-Trace folder layout) and used
-wherever no dataset path is given.
+op) for every built-in op at common model sizes, plus the kernels opforge ships in other
+languages (opforge.solutions), shipped inside the wheel (opforge/data/builtin/,
+FlashInfer-Trace folder layout) and used wherever no dataset path is given.
 
 Regenerate the shipped files after changing a template:
     python -m opforge.trace.builtin --write python/opforge/data/builtin
@@ -10,16 +11,24 @@ Regenerate the shipped files after changing a template:
 from __future__ import annotations
 
 import argparse
+import inspect
 import uuid
 from importlib import resources
 from pathlib import Path
 
 from .schema import Definition
 from .workload import RandomInput, ScalarInput, Workload
-from .templates import TEMPLATES
+from .templates import TEMPLATES, named_axes
 
 HIDDEN_SIZES = (2048, 4096, 5120, 7168, 8192)
 BATCH_SIZES = (1, 8, 64, 512, 8192)
+#: NVFP4 GEMV (M, K): the task's speed shapes (7168 x 16384, 4096 x 7168, 7168 x 2048), small M
+#: (DeepSeek-V3's router is 256 x 7168) and an M that is no multiple of 128 (gpt-oss's 2880).
+NVFP4_GEMV_SHAPES = ((7168, 16384), (4096, 7168), (7168, 2048), (128, 7168), (256, 7168), (2880, 4096))
+NVFP4_GEMV_BATCHES = (1, 4, 8)
+#: Per template (by name prefix) whose sizes are not HIDDEN_SIZES x BATCH_SIZES: the constant
+#: axes of its Definitions and the values of the variable axis of their workloads.
+SIZES = {"nvfp4_gemv": ([{"M": m, "K": k} for m, k in NVFP4_GEMV_SHAPES], NVFP4_GEMV_BATCHES)}
 DTYPE = "bfloat16"
 #: Values of the scalar inputs in the shipped workloads.
 SCALARS = {"eps": 1e-6, "factor": 0.5}
@@ -28,25 +37,32 @@ SCALARS = {"eps": 1e-6, "factor": 0.5}
 _NAMESPACE = uuid.UUID("0b5c2f4e-8f1d-4c1e-9a57-6f7e2b1d3c90")
 
 
+def builtin_sizes(template) -> tuple[list[dict], tuple]:
+    """The built-in dataset's sizes for ``template``: the constant axes of each Definition, and
+    the values of the variable axis that each gets a workload for."""
+    if template.name_prefix in SIZES:
+        return SIZES[template.name_prefix]
+    (axis,) = named_axes(template)
+    return [{axis: size} for size in HIDDEN_SIZES], BATCH_SIZES
+
+
 def builtin_definitions() -> list[Definition]:
-    definitions = []
-    for template in TEMPLATES.values():
-        const = template.const_axes[0]  # every built-in template has one named constant axis
-        for size in HIDDEN_SIZES:
-            definitions.append(template.definition(dtype=DTYPE, **{const: size}))
-    return definitions
+    return [template.definition(dtype=DTYPE, **consts)
+            for template in TEMPLATES.values() for consts in builtin_sizes(template)[0]]
 
 
 def builtin_workloads(definition: Definition) -> list[Workload]:
+    (axis,) = definition.var_axes  # every built-in Definition has one variable axis
+    template = template_of(definition)
     workloads = []
-    for batch in BATCH_SIZES:
+    for value in builtin_sizes(template)[1] if template is not None else BATCH_SIZES:
         inputs = {
             name: ScalarInput(value=SCALARS[name]) if spec.shape is None else RandomInput()
             for name, spec in definition.inputs.items()
         }
-        key = f"{definition.name}/batch_size={batch}"
+        key = f"{definition.name}/{axis}={value}"
         workloads.append(
-            Workload(uuid=str(uuid.uuid5(_NAMESPACE, key)), axes={"batch_size": batch}, inputs=inputs, seed=batch)
+            Workload(uuid=str(uuid.uuid5(_NAMESPACE, key)), axes={axis: value}, inputs=inputs, seed=value)
         )
     return workloads
 
@@ -57,13 +73,13 @@ def template_of(definition: Definition):
     dtype = first.dtype.value if first is not None else DTYPE
     for prefix in sorted(TEMPLATES, key=len, reverse=True):
         template = TEMPLATES[prefix]
-        const = template.const_axes[0]
-        axis = definition.axes.get(const)
-        if axis is None or getattr(axis, "value", None) is None:
+        axes = [definition.axes.get(axis) for axis in named_axes(template)]
+        if any(getattr(axis, "value", None) is None for axis in axes):
             continue
+        consts = {name: axis.value for name, axis in zip(named_axes(template), axes)}
         for options in ({}, *({option: True} for option in template.options)):
             try:
-                name = template.name(dtype, **{const: axis.value}, **options)
+                name = template.name(dtype, **consts, **options)
             except ValueError:  # a dtype no template name covers
                 return None
             if definition.name == name:
@@ -79,7 +95,16 @@ def builtin_solution_for(definition: Definition):
     template = template_of(definition)
     if template is None:
         return None
-    inputs = {key: template.param_of(key) for key in definition.inputs if template.param_of(key) != key}
+    # Definition input -> op parameter where they differ; None for an input the op does not
+    # take (another layout of data it reads, e.g. NVFP4's blocked scales).
+    params = inspect.signature(template.op).parameters
+    inputs = {}
+    for key in definition.inputs:
+        param = template.param_of(key)
+        if param not in params:
+            inputs[key] = None
+        elif param != key:
+            inputs[key] = param
     omitted = [key for key, spec in template.inputs.items() if key not in definition.inputs]
     # Public names bake eps into the reference; the op gets the same value as a constant.
     constants = {}
@@ -95,12 +120,15 @@ def builtin_solution_for(definition: Definition):
 
 
 def build_trace_set():
+    from ..solutions import shipped_solutions
     from .traceset import TraceSet
 
     trace_set = TraceSet()
     for definition in builtin_definitions():
         trace_set.add_definition(definition)
         trace_set.add_solution(builtin_solution_for(definition))
+        for solution in shipped_solutions(definition, template_of(definition).name_prefix):
+            trace_set.add_solution(solution)
         for workload in builtin_workloads(definition):
             trace_set.add_workload(definition.name, workload)
     return trace_set

@@ -9,8 +9,15 @@ class DType(str, Enum):
     """A tensor element type. The value is the JSON spelling.
 
     ``float8_e4m3`` (the spelling of early FlashInfer-Trace files) is read as ``float8_e4m3fn``.
-    ``float4_e2m1`` is 4 bits wide (``itemsize`` 0.5); in torch it is the packed
-    ``float4_e2m1fn_x2`` (two values per byte).
+
+    Two spellings of FP4 E2M1, both ``torch.float4_e2m1fn_x2`` tensors (two values per byte, the
+    lower index in the low nibble), differ in what a declared shape counts:
+
+    * ``float4_e2m1``: 4-bit values (``itemsize`` 0.5); the tensor packs the last dimension, so
+      its torch shape halves it (``storage_shape``);
+    * ``float4_e2m1fn_x2``: packed bytes (``itemsize`` 1); the declared shape is the torch shape,
+      so the packed dimension may be any one (NVFP4 GEMV packs K, the middle of [M, K/2, L]).
+      Public FlashInfer-Trace has this spelling too.
     """
 
     FLOAT32 = "float32"
@@ -19,6 +26,7 @@ class DType(str, Enum):
     FLOAT8_E4M3FN = "float8_e4m3fn"
     FLOAT8_E5M2 = "float8_e5m2"
     FLOAT4_E2M1 = "float4_e2m1"
+    FLOAT4_E2M1FN_X2 = "float4_e2m1fn_x2"
     INT64 = "int64"
     INT32 = "int32"
     INT16 = "int16"
@@ -36,7 +44,7 @@ class DType(str, Enum):
 
     @property
     def itemsize(self) -> float:
-        """Bytes per element (0.5 for float4_e2m1)."""
+        """Bytes per element of a declared shape (0.5 for float4_e2m1, 1 for float4_e2m1fn_x2)."""
         return _ITEMSIZE[self]
 
     @property
@@ -46,6 +54,14 @@ class DType(str, Enum):
     @property
     def is_int(self) -> bool:
         return self in (DType.INT64, DType.INT32, DType.INT16, DType.INT8)
+
+    def storage_shape(self, shape) -> tuple:
+        """The torch tensor's shape for a declared shape: float4_e2m1 halves the last dimension
+        (rounding up); every other dtype keeps it."""
+        shape = tuple(shape)
+        if self is DType.FLOAT4_E2M1 and shape:
+            return (*shape[:-1], (shape[-1] + 1) // 2)
+        return shape
 
     def to_torch(self):
         """The torch dtype (imports torch)."""
@@ -59,8 +75,11 @@ class DType(str, Enum):
 
     @classmethod
     def from_torch(cls, dtype) -> "DType":
-        """The DType of a torch dtype; ValueError for one the schema has no name for."""
+        """The DType of a torch dtype; ValueError for one the schema has no name for. A
+        ``torch.float4_e2m1fn_x2`` tensor's shape counts bytes: float4_e2m1fn_x2."""
         name = str(dtype).removeprefix("torch.")
+        if name == "float4_e2m1fn_x2":
+            return cls.FLOAT4_E2M1FN_X2
         for member, torch_name in _TORCH_NAMES.items():
             if torch_name == name:
                 return member
@@ -69,13 +88,14 @@ class DType(str, Enum):
 
 _ITEMSIZE = {
     DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT8_E4M3FN: 1, DType.FLOAT8_E5M2: 1,
-    DType.FLOAT4_E2M1: 0.5, DType.INT64: 8, DType.INT32: 4, DType.INT16: 2, DType.INT8: 1, DType.BOOL: 1,
+    DType.FLOAT4_E2M1: 0.5, DType.FLOAT4_E2M1FN_X2: 1, DType.INT64: 8, DType.INT32: 4, DType.INT16: 2, DType.INT8: 1,
+    DType.BOOL: 1,
 }
 _FLOATS = frozenset({DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.FLOAT8_E4M3FN, DType.FLOAT8_E5M2,
-                     DType.FLOAT4_E2M1})
+                     DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2})
 _TORCH_NAMES = {
     DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16",
     DType.FLOAT8_E4M3FN: "float8_e4m3fn", DType.FLOAT8_E5M2: "float8_e5m2",
-    DType.FLOAT4_E2M1: "float4_e2m1fn_x2", DType.INT64: "int64", DType.INT32: "int32",
+    DType.FLOAT4_E2M1: "float4_e2m1fn_x2", DType.FLOAT4_E2M1FN_X2: "float4_e2m1fn_x2", DType.INT64: "int64", DType.INT32: "int32",
     DType.INT16: "int16", DType.INT8: "int8", DType.BOOL: "bool",
 }

@@ -4,7 +4,8 @@
 must meet against the reference (``|got - ref| <= atol + rtol * |ref|``).
 
 ``value_domains``: per input, which values ``random`` workload inputs may take when arbitrary
-data would be invalid (indices, offsets, positive scales). Two kinds:
+data would be invalid or would hide bugs (indices, offsets, positive scales, one quantity in two
+layouts). Four kinds:
 
 * ``{"kind": "range", "low": 0, "high": "num_pages", "unique": true}`` (``kind`` may be left
   out): uniform values in ``[low, high)``; integers for integer tensors. ``low`` / ``high`` are
@@ -12,6 +13,20 @@ data would be invalid (indices, offsets, positive scales). Two kinds:
 * ``{"kind": "indptr", "total": "num_kv_indices"}``: offsets of a ragged batch for a 1-D
   integer tensor: non-decreasing, first element 0, last element ``total`` (a number or an
   expression over axis names).
+* ``{"kind": "log_uniform", "low": 0.001953125, "high": "sqrt(65504 / (36 * K))"}``: positive
+  values of a float8 / float16 / bfloat16 input spread evenly over the binades: a power of two
+  is drawn uniformly among those holding representable values in ``[low, high]`` (bounds
+  included), then one of its representable values uniformly. Block scales drawn this way
+  exercise every exponent, subnormals included, where uniform values would leave the small
+  binades nearly empty.
+* ``{"kind": "derived", "source": "scale_a", "transform": "blocked_128x4"}``: not random at
+  all: the values of input ``source`` (same dtype) rearranged by ``transform``
+  (DERIVED_TRANSFORMS), so two inputs that hold one quantity in two layouts always agree. The
+  generator makes the source first (from its own data source), then derives; a workload that
+  records the derived input itself (safetensors) is used as recorded.
+
+Input generation draws tensors without a domain as standard normal floats, uniform bools, and
+for FP4 E2M1 uniform bytes (both nibbles over all 16 codes, -0 included).
 """
 
 from __future__ import annotations
@@ -23,6 +38,13 @@ from pydantic import Discriminator, Field, StrictBool, StrictFloat, StrictInt, T
 from ._base import TraceModel
 
 Bound = Union[StrictInt, StrictFloat, str]
+
+#: What a ``derived`` domain's ``transform`` may name: the 128x4-tile blocked layout of block
+#: scales that cuBLAS block-scaled GEMMs read, [rows, K/16, L] -> [32, 4, ceil(rows/128), 4,
+#: ceil(K/64), L] zero padded (opforge.ops.nvfp4_format.to_blocked).
+DERIVED_TRANSFORMS = {"blocked_128x4": {"source_rank": 3, "rank": 6}}
+#: The dtypes a ``log_uniform`` domain may draw (their encodings are enumerated).
+LOG_UNIFORM_DTYPES = ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 class Tolerance(TraceModel):
@@ -50,6 +72,22 @@ class IndptrDomain(TraceModel):
     total: Union[StrictInt, str]
 
 
+class LogUniformDomain(TraceModel):
+    """Positive values spread evenly over binades within ``[low, high]`` (see the module doc)."""
+
+    kind: Literal["log_uniform"] = "log_uniform"
+    low: Bound
+    high: Bound
+
+
+class DerivedDomain(TraceModel):
+    """The values of input ``source`` rearranged by ``transform`` (see the module doc)."""
+
+    kind: Literal["derived"] = "derived"
+    source: Annotated[str, Field(min_length=1)]
+    transform: Literal[tuple(DERIVED_TRANSFORMS)]
+
+
 def _domain_kind(value) -> Optional[str]:
     if isinstance(value, dict):
         return value.get("kind", "range")
@@ -57,7 +95,8 @@ def _domain_kind(value) -> Optional[str]:
 
 
 ValueDomain = Annotated[
-    Union[Annotated[RangeDomain, Tag("range")], Annotated[IndptrDomain, Tag("indptr")]],
+    Union[Annotated[RangeDomain, Tag("range")], Annotated[IndptrDomain, Tag("indptr")],
+          Annotated[LogUniformDomain, Tag("log_uniform")], Annotated[DerivedDomain, Tag("derived")]],
     Discriminator(_domain_kind, custom_error_type="invalid_domain_kind",
-                  custom_error_message="kind must be 'range' or 'indptr'"),
+                  custom_error_message="kind must be 'range', 'indptr', 'log_uniform' or 'derived'"),
 ]

@@ -37,7 +37,8 @@ from ._base import INT64_MAX, TraceModel, canonical_hash_text
 from ._paths import name_problem
 from .dtypes import DType
 from .errors import ConstraintError, ExpressionError, SchemaError, WorkloadError
-from .extensions import IndptrDomain, RangeDomain, Tolerance, ValueDomain
+from .extensions import (DERIVED_TRANSFORMS, LOG_UNIFORM_DTYPES, DerivedDomain, IndptrDomain, LogUniformDomain,
+                         RangeDomain, Tolerance, ValueDomain)
 from .workload import ScalarInput, Workload
 
 
@@ -164,6 +165,9 @@ class Definition(TraceModel):
         if iname not in self.inputs:
             raise SchemaError(field, f"{iname!r} is not an input (inputs: {', '.join(self.inputs)})")
         spec = self.inputs[iname]
+        if isinstance(domain, DerivedDomain):
+            self._validate_derived(iname, domain)
+            return
         if isinstance(domain, IndptrDomain):
             bounds = [("total", domain.total)]
         else:
@@ -175,12 +179,33 @@ class Definition(TraceModel):
         if isinstance(domain, IndptrDomain) and not one_d_int:
             raise SchemaError(field, f"an indptr domain needs a 1-D integer input; "
                                      f"{iname!r} is {spec.shape} {spec.dtype.value}")
-        if isinstance(domain, RangeDomain):
+        if isinstance(domain, (RangeDomain, LogUniformDomain)):
             if _expr.is_number(domain.low) and _expr.is_number(domain.high) and not domain.low < domain.high:
                 raise SchemaError(field, f"low ({domain.low}) must be below high ({domain.high})")
-            if domain.unique and not spec.dtype.is_int:
-                raise SchemaError(f"{field}.unique",
-                                  f"unique values need an integer input; {iname!r} is {spec.dtype.value}")
+        if isinstance(domain, RangeDomain) and domain.unique and not spec.dtype.is_int:
+            raise SchemaError(f"{field}.unique", f"unique values need an integer input; {iname!r} is {spec.dtype.value}")
+        if isinstance(domain, LogUniformDomain):
+            if _expr.is_number(domain.low) and not domain.low > 0:
+                raise SchemaError(field, f"a log_uniform domain needs low > 0; got {domain.low}")
+            if spec.dtype.value not in LOG_UNIFORM_DTYPES or spec.shape is None:
+                raise SchemaError(field, f"a log_uniform domain needs a tensor of {', '.join(LOG_UNIFORM_DTYPES)}; "
+                                         f"{iname!r} is {spec.dtype.value}")
+
+    def _validate_derived(self, iname: str, domain: DerivedDomain) -> None:
+        field = f"value_domains.{iname}.source"
+        source = self.inputs.get(domain.source)
+        if source is None or domain.source == iname:
+            raise SchemaError(field, f"{domain.source!r} is not another input (inputs: {', '.join(self.inputs)})")
+        if isinstance(self.value_domains.get(domain.source), DerivedDomain):
+            raise SchemaError(field, f"{domain.source!r} is derived itself; derive from the input it comes from")
+        spec, ranks = self.inputs[iname], DERIVED_TRANSFORMS[domain.transform]
+        if source.dtype != spec.dtype:
+            raise SchemaError(field, f"{domain.transform} keeps the dtype: {iname!r} is {spec.dtype.value}, "
+                                     f"{domain.source!r} is {source.dtype.value}")
+        if len(source.shape or ()) != ranks["source_rank"] or len(spec.shape or ()) != ranks["rank"]:
+            raise SchemaError(field, f"{domain.transform} makes a {ranks['rank']}-D tensor of a "
+                                     f"{ranks['source_rank']}-D one; {iname!r} is {spec.shape}, "
+                                     f"{domain.source!r} is {source.shape}")
 
     # --- axes and shapes -----------------------------------------------------------------
 
@@ -290,13 +315,18 @@ class Definition(TraceModel):
 
     def resolve_value_domain(self, input_name: str, axis_values: Mapping[str, int]) -> Optional[dict]:
         """The input's value domain with expressions evaluated, e.g. ``{"kind": "range",
-        "low": 0, "high": 37, "unique": False}``; None when it has none."""
+        "low": 0, "high": 37, "unique": False}`` (extensions.py lists the kinds); None when it
+        has none."""
         domain = self.value_domains.get(input_name)
         if domain is None:
             return None
         value = lambda b: self.eval_expr(b, axis_values) if isinstance(b, str) else b  # noqa: E731
         if isinstance(domain, IndptrDomain):
             return {"kind": "indptr", "total": int(value(domain.total))}
+        if isinstance(domain, DerivedDomain):
+            return {"kind": "derived", "source": domain.source, "transform": domain.transform}
+        if isinstance(domain, LogUniformDomain):
+            return {"kind": "log_uniform", "low": value(domain.low), "high": value(domain.high)}
         return {"kind": "range", "low": value(domain.low), "high": value(domain.high), "unique": bool(domain.unique)}
 
     # --- workloads -----------------------------------------------------------------------

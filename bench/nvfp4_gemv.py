@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""NVFP4 GEMV against its ceiling and its peers, in one run on one GPU.
+
+    python3 bench/nvfp4_gemv.py --out results.json --markdown bench/results/DATE_GPU_COMMIT_nvfp4.md
+    python3 bench/nvfp4_gemv.py --dry-run          # every code path on tiny CPU tensors, numbers meaningless
+    python3 bench/nvfp4_gemv.py --render results.json   # re-render the tables of a saved run
+
+Target: opforge.nvfp4_gemv (CUDA) at >= 80% of the copy bandwidth measured in the same run at
+the three speed shapes (M, K, L) = (7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4). Also
+measured: small M (128 and 256 rows, K = 7168), where launch and latency dominate.
+
+c[m, 0, l] = sum_k A[m, k, l] * B[0, k, l] with A, B FP4 E2M1 and one FP8 E4M3 scale per 16
+values along K; c in fp16. Inputs are what opforge's runner draws for the built-in Definitions
+(opforge.bench.generate_inputs: every FP4 code, scales spread over the E4M3 binades up to the
+fp16 bound, blocked scales derived from the plain ones), laid out as the task hands them over
+(``--layout task``: K contiguous, the batch L outermost; ``contiguous``: the Definition's shape
+contiguous, L innermost, as the runner's workers receive them).
+
+Implementations, each first checked against the Definition's fp64 reference with its tolerance
+(|got - ref| <= 1e-3 + 1e-3 |ref|), then timed whatever the check said (the table shows both):
+
+* ``reference``: the Definition's reference (decode to fp64, einsum, round once);
+* ``triton``: the Triton solution opforge ships (opforge/solutions/nvfp4_gemv_triton.py, its
+  one-tuple entry, plain scales);
+* ``opforge``: ``opforge.nvfp4_gemv(a, b, scale_a, scale_b, out=c)``;
+* ``bf16 matmul``: ``torch.matmul`` of the dequantised A [L, M, K] and B [L, K, 1] in bf16
+  (dequantised before timing: exact in bf16, as FP4 x E4M3 has at most 6 significant bits); its
+  output is bf16, so it is not expected to meet 1e-3. It moves 2 bytes per weight, not 0.5625.
+
+Timing (bench/timing.py, as roofline.py): CUDA events around each call, median of many, input
+sets rotated so that one pass moves more than 2x L2 (so A comes from HBM), spin kernels queued
+ahead so launches are not timed. Bytes = A + A's scales, M * K * L * (1/2 + 1/16): what a GEMV
+must read. B, its scales and c (K * L * 0.5625 + 2 * M * L bytes) are below 0.1% at every shape
+here and left out. GB/s = bytes / time; % copy = of the device-to-device copy bandwidth (2 GiB,
+read + write) measured at the start of the run. The bf16 peer's GB/s counts the same NVFP4
+bytes (a speed comparison); its own traffic is in the JSON (``own_gbps``).
+
+Without a GPU (and without --dry-run) it prints a note and exits 0. It exits 1 when opforge's op
+or the Triton solution fails its check at any shape.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import timing  # noqa: E402
+from roofline import fmt, git_commit, safe, version_of  # noqa: E402
+
+SPEED_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4)]
+SMALL_SHAPES = [(128, 7168, 1), (256, 7168, 1), (256, 7168, 8)]
+DRY_SHAPES = [(64, 128, 2), (130, 256, 1)]
+TARGET_PCT = 80.0
+MAX_SETS = 512
+IMPLS = ("reference", "triton", "opforge", "bf16 matmul")
+#: Implementations whose failed check fails the run.
+GATED = ("triton", "opforge")
+
+
+def nvfp4_bytes(m: int, k: int, l: int) -> int:
+    """A (half a byte per value) and its scales (one byte per 16 values)."""
+    return m * k * l // 2 + m * k * l // 16
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------
+
+def definition_for(m: int, k: int):
+    from opforge.trace.templates import TEMPLATES
+
+    return TEMPLATES["nvfp4_gemv"].definition(M=m, K=k)
+
+
+def task_layout(t: torch.Tensor) -> torch.Tensor:
+    """The same values with the task's strides: [L, rows, ...] storage viewed as [rows, ..., L]."""
+    return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+
+def make_sets(definition, l: int, n: int, device: str, layout: str) -> list[dict]:
+    from opforge.bench import generate_inputs
+    from opforge.ops.nvfp4_format import dequantize
+    from opforge.trace import RandomInput, Workload
+
+    m = definition.const_axes["M"]
+    workload = Workload(uuid="bench", axes={"L": l}, inputs={name: RandomInput() for name in definition.inputs})
+    sets = []
+    for seed in range(n):
+        inputs = generate_inputs(definition, workload, seed=seed)
+        if layout == "task":
+            inputs = [task_layout(t) for t in inputs[:4]] + inputs[4:]
+        inputs = [t.to(device) for t in inputs]
+        a, b, scale_a, scale_b = inputs[:4]
+        sets.append({
+            "inputs": inputs,
+            "c": torch.empty(m, 1, l, dtype=torch.float16, device=device),
+            # Dequantised once, outside the timing: [L, M, K] and [L, K, 1].
+            "a_bf16": dequantize(a, scale_a).permute(2, 0, 1).contiguous().to(torch.bfloat16),
+            "b_bf16": dequantize(b, scale_b).permute(2, 1, 0).contiguous().to(torch.bfloat16),
+        })
+    return sets
+
+
+def n_sets_for(nbytes: int, ctx) -> int:
+    """Enough input sets that one pass over them moves more than 2x L2."""
+    if ctx.dry:
+        return 2
+    return int(min(max(math.ceil(2 * ctx.l2 / nbytes) + 1, 2), MAX_SETS))
+
+
+# ---------------------------------------------------------------------------
+# Implementations: each takes one input set and returns c as [M, 1, L]
+# ---------------------------------------------------------------------------
+
+def implementations(definition) -> tuple[dict, dict]:
+    """label -> fn(set) -> c, and label -> why it is unavailable."""
+    fns, missing = {}, {}
+    reference = definition.reference_fn()
+    fns["reference"] = lambda s: reference(*s["inputs"])
+    try:
+        from opforge.solutions import nvfp4_gemv_triton
+
+        fns["triton"] = lambda s: nvfp4_gemv_triton.triton_kernel((*s["inputs"], s["c"]))
+    except Exception as e:  # triton missing or broken: the other columns still run
+        missing["triton"] = f"{type(e).__name__}: {e}"
+    try:
+        import opforge
+
+        op = opforge.nvfp4_gemv
+        fns["opforge"] = lambda s: op(*s["inputs"][:4], out=s["c"])
+    except Exception as e:
+        missing["opforge"] = f"{type(e).__name__}: {e}"
+    fns["bf16 matmul"] = lambda s: torch.matmul(s["a_bf16"], s["b_bf16"])
+    return fns, missing
+
+
+def as_c(label: str, out: torch.Tensor) -> torch.Tensor:
+    # The bf16 peer returns [L, M, 1] bf16; the others c itself.
+    return out.permute(1, 2, 0).to(torch.float16) if label == "bf16 matmul" else out
+
+
+# ---------------------------------------------------------------------------
+# One shape
+# ---------------------------------------------------------------------------
+
+class Ctx:
+    def __init__(self, args, cuda: bool):
+        self.cuda, self.dry, self.layout = cuda, args.dry_run, args.layout
+        self.device = "cuda" if cuda else "cpu"
+        self.target_s = 0.02 if args.dry_run else 0.1
+        self.l2 = timing.l2_bytes() if cuda else 60 << 20
+        self.copy_gbps = None
+
+
+def check(definition, label: str, fn, s, want) -> dict:
+    from opforge.bench import compare_outputs
+
+    got = as_c(label, fn(s))
+    verdict = compare_outputs(definition, got, want)
+    c = verdict.correctness
+    return {"passed": verdict.passed, "log": verdict.log or "",
+            "max_abs": c.max_absolute_error if c else None, "max_rel": c.max_relative_error if c else None}
+
+
+def measure(definition, label, fn, sets, want, nbytes, own_bytes, ctx) -> dict:
+    try:
+        row = {"status": "ok", "check": check(definition, label, fn, sets[0], want)}
+    except Exception as e:
+        return {"status": "ERROR", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    us = safe(timing.device_time_us, fn, [(s,) for s in sets], ctx.cuda, ctx.target_s)
+    if isinstance(us, str):
+        return {**row, "status": "ERROR", "error": us}
+    gbps = nbytes / (us * 1e3)
+    row.update(us=us, gbps=gbps, pct_copy=100 * gbps / ctx.copy_gbps)
+    if own_bytes is not None:
+        row["own_gbps"] = own_bytes / (us * 1e3)
+    return row
+
+
+def run_shape(m: int, k: int, l: int, ctx) -> dict:
+    definition = definition_for(m, k)
+    nbytes = nvfp4_bytes(m, k, l)
+    sets = make_sets(definition, l, n_sets_for(nbytes, ctx), ctx.device, ctx.layout)
+    want = definition.reference_fn()(*sets[0]["inputs"])
+    fns, missing = implementations(definition)
+    bf16_bytes = 2 * m * k * l + 2 * k * l + 2 * m * l
+    row = {"M": m, "K": k, "L": l, "bytes": nbytes, "n_sets": len(sets), "layout": ctx.layout, "impls": {}}
+    for label in IMPLS:
+        if label in missing:
+            row["impls"][label] = {"status": "n/a", "error": missing[label]}
+            continue
+        own = bf16_bytes if label == "bf16 matmul" else None
+        row["impls"][label] = measure(definition, label, fns[label], sets, want, nbytes, own, ctx)
+    del sets, want
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+# ---------------------------------------------------------------------------
+# Reporting
+# ---------------------------------------------------------------------------
+
+def cell(r: dict) -> tuple[str, str, str, str]:
+    """(µs, GB/s, % copy, check) of one implementation's result."""
+    if r["status"] != "ok":
+        return r["status"], "", "", ""
+    c = r["check"]
+    verdict = "pass" if c["passed"] else f"FAIL (max abs {fmt(c['max_abs'], 4)})"
+    return fmt(r["us"]), fmt(r["gbps"], 0), fmt(r["pct_copy"], 0) + "%", verdict
+
+
+def progress(row: dict) -> str:
+    parts = []
+    for impl, r in row["impls"].items():
+        us, _, pct, verdict = cell(r)
+        parts.append(f"{impl} {us} µs {pct} {verdict}" if r["status"] == "ok"
+                     else f"{impl} {r['status']} ({r.get('error', '')[:120]})")
+    return "; ".join(parts)
+
+
+def table(rows: list) -> str:
+    head = ["M×K×L", "MB"] + [f"{impl} {what}" for impl in IMPLS for what in ("µs", "% copy", "check")]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r['M']}×{r['K']}×{r['L']}", fmt(r["bytes"] / 1e6, 1)]
+        for impl in IMPLS:
+            us, _, pct, verdict = cell(r["impls"][impl])
+            cells += [us, pct, verdict]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def target_lines(rows: list) -> list[str]:
+    lines = []
+    for r in rows:
+        if (r["M"], r["K"], r["L"]) not in SPEED_SHAPES:
+            continue
+        o = r["impls"]["opforge"]
+        if o["status"] == "ok":
+            met = o["pct_copy"] >= TARGET_PCT and o["check"]["passed"]
+            lines.append(f"- {r['M']}×{r['K']}×{r['L']}: opforge {fmt(o['pct_copy'], 0)}% of copy "
+                         f"({'met' if met else 'NOT met'})")
+        else:
+            lines.append(f"- {r['M']}×{r['K']}×{r['L']}: opforge {o['status']} {o.get('error', '')}")
+    return lines
+
+
+def render(results: dict) -> str:
+    m = results["meta"]
+    parts = [
+        f"# NVFP4 GEMV — {m.get('gpu', 'CPU (dry run)')}\n",
+        f"torch {m['torch']}, triton {m['triton']}, commit {m['commit']}, {m['time_utc']}, "
+        f"{'dry' if m['dry_run'] else 'full'} run, layout {m['layout']}\n",
+        f"copy ceiling: {fmt(results['copy_gbps'], 0)} GB/s (2 GiB device-to-device, read + write)\n",
+        "Bytes: A + its scales (M·K·L·(1/2 + 1/16)); B, its scales and c are below 0.1% and left out. "
+        "Device time by CUDA events, median, inputs rotated past 2× L2. Check: against the fp64 "
+        "reference, |got − ref| ≤ 1e-3 + 1e-3·|ref|. The bf16 matmul reads 2 bytes per weight "
+        "(3.6× the NVFP4 bytes) and rounds c to bf16.\n",
+        f"## Target: opforge ≥ {TARGET_PCT:.0f}% of copy at the speed shapes\n",
+        "\n".join(target_lines(results["cases"])) or "(no speed shape in this run)",
+        "\n## Device time, % of copy, check\n",
+        table(results["cases"]),
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def collect_meta(args, cuda: bool) -> dict:
+    meta = {"time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": sys.argv[1:], "dry_run": args.dry_run, "layout": args.layout, "commit": git_commit(),
+            "python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+            "triton": version_of("triton"), "host": platform.node(),
+            "triton_interpret": os.environ.get("TRITON_INTERPRET")}
+    try:
+        import opforge
+
+        meta["opforge_build_info"] = opforge.build_info()
+    except Exception as e:
+        meta["opforge_build_info"] = f"unavailable: {type(e).__name__}: {e}"
+    if cuda:
+        p = torch.cuda.get_device_properties(0)
+        meta.update(gpu=p.name, sm_count=p.multi_processor_count, l2_bytes=timing.l2_bytes(),
+                    gpu_mem_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}")
+    return meta
+
+
+def write(results: dict, out=None, markdown=None) -> None:
+    if out:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+        print(f"wrote {out}")
+    if markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(markdown)), exist_ok=True)
+        with open(markdown, "w") as f:
+            f.write(render(results))
+        print(f"wrote {markdown}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="write full results as JSON here")
+    p.add_argument("--markdown", help="write the tables as markdown here (for bench/results/)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="tiny shapes on CPU (Triton in its interpreter); times mean nothing")
+    p.add_argument("--layout", choices=("task", "contiguous"), default="task",
+                   help="task: K contiguous, L outermost (default); contiguous: [M, K/2, L] contiguous")
+    p.add_argument("--render", metavar="JSON", help="only re-render the tables of a saved results file")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+        write(results, markdown=args.markdown)
+        print(render(results))
+        return 0
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if not cuda and not args.dry_run:
+        note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
+        print(note)
+        if args.out:
+            write({"meta": collect_meta(args, False), "note": note, "cases": []}, out=args.out)
+        return 0
+    if args.dry_run and "triton" not in sys.modules:
+        # Triton runs on CPU only in its interpreter, chosen when triton is first imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+    t0 = time.time()
+    meta = collect_meta(args, cuda)
+    ctx = Ctx(args, cuda)
+    ctx.copy_gbps = timing.copy_bandwidth_gbps(cuda)
+    print(f"copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
+    cases = []
+    with torch.no_grad():
+        for m, k, l in DRY_SHAPES if args.dry_run else SPEED_SHAPES + SMALL_SHAPES:
+            cases.append(run_shape(m, k, l, ctx))
+            print(f"[{time.time() - t0:6.1f}s] {m}x{k}x{l}: {progress(cases[-1])}", flush=True)
+    results = {"meta": meta, "copy_gbps": ctx.copy_gbps, "target_pct_copy": TARGET_PCT, "cases": cases,
+               "wall_s": round(time.time() - t0, 1)}
+    write(results, args.out, args.markdown)
+    print()
+    print(render(results), flush=True)
+    failed = [(c["M"], c["K"], c["L"], impl) for c in cases for impl in GATED
+              if c["impls"][impl]["status"] != "ok" or not c["impls"][impl]["check"]["passed"]]
+    if failed:
+        print(f"failed: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
