@@ -10,6 +10,7 @@ import torch
 
 import opforge
 from opforge.ops.activation import act_and_mul_reference
+from opforge.ops import nvfp4_format
 from opforge.ops.norm import norm_reference
 from opforge.ops.scale import scale_reference
 
@@ -32,6 +33,26 @@ def _cases(device: str, dtype: torch.dtype):
     yield "gemma_fused_add_rmsnorm", torch.cat([out, res]), torch.cat([ref_out, ref_res])
     for act in ("silu", "gelu", "gelu_tanh"):
         yield f"{act}_and_mul", getattr(opforge, f"{act}_and_mul")(x), act_and_mul_reference(x, act)
+    if dtype is torch.float16:  # NVFP4 operands, fp16 result: once per device
+        yield "nvfp4_gemv", *_nvfp4_case(device, g)
+
+
+def _nvfp4_case(device: str, g: torch.Generator):
+    """M not a multiple of the row tile, L = 2, every FP4 code, scales 2^-6..2^2, in the task's
+    layout (permuted from [L, rows, K/n], K contiguous)."""
+    m, k, l = 300, 1024, 2
+
+    def task(t):
+        return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+
+    def scales(rows):
+        exponents = torch.randint(-6, 3, (rows, k // 16, l), device=device, generator=g)
+        return task(torch.exp2(exponents.float()).to(torch.float8_e4m3fn))
+
+    a = task(nvfp4_format.encode_fp4(torch.randint(16, (m, k, l), device=device, generator=g)))
+    b = task(nvfp4_format.encode_fp4(torch.randint(16, (1, k, l), device=device, generator=g)))
+    scale_a, scale_b = scales(m), scales(1)
+    return opforge.nvfp4_gemv(a, b, scale_a, scale_b), nvfp4_format.nvfp4_gemv_reference(a, b, scale_a, scale_b)
 
 
 def main() -> int:
