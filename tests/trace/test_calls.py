@@ -150,3 +150,23 @@ def test_hook_keeps_keyword_order_and_results(recorder):
     y = opforge.rmsnorm(eps=1e-6, weight=w, input=x)
     torch.testing.assert_close(y, opforge.rmsnorm(x, w, 1e-6, backend="torch"), rtol=2e-2, atol=2e-2)
     assert [name for name, _ in recorder.calls] == ["rmsnorm_h64", "rmsnorm_h64"]
+
+
+def test_nvfp4_calls_bind_with_derived_blocked_scales():
+    from opforge.ops import nvfp4_format as fmt
+
+    m, k, l = 130, 128, 3
+    a = fmt.encode_fp4(torch.randint(16, (l, m, k)), dim=2).permute(1, 2, 0)
+    b = fmt.encode_fp4(torch.randint(16, (l, 1, k)), dim=2).permute(1, 2, 0)
+    scale_a = torch.exp2(torch.randint(-4, 3, (m, k // 16, l)).float()).to(torch.float8_e4m3fn)
+    scale_b = torch.exp2(torch.randint(-4, 3, (1, k // 16, l)).float()).to(torch.float8_e4m3fn)
+    out = torch.full((m, 1, l), float("nan"), dtype=torch.float16)
+    call = bind_call("nvfp4_gemv", (a, b, scale_a, scale_b), {"out": out})
+    assert call.definition == f"nvfp4_gemv_m{m}_k{k}" and call.key == (call.definition, l)
+    definition = call.make_definition()
+    assert list(call.inputs) == list(definition.inputs)
+    assert torch.equal(call.inputs["scale_a_permuted"].float(), fmt.to_blocked(scale_a).float())
+    result = call.finish(_reference_outputs(call))
+    assert result is out
+    torch.testing.assert_close(out, fmt.nvfp4_gemv_reference(a, b, scale_a, scale_b), rtol=1e-3, atol=1e-3)
+    assert bind_call("nvfp4_gemv", (a[:, :24], b[:, :24], scale_a, scale_b), {}) is None  # K = 48

@@ -170,6 +170,37 @@ class _ScaleCall(OpCall):
         return _written(self.arg(2), results[0], self.arg(0).shape)
 
 
+class _Nvfp4Call(OpCall):
+    __slots__ = ()
+    params = ("a", "b", "scale_a", "scale_b", "out")
+
+    def _make_inputs(self) -> dict:
+        from ..ops.nvfp4_format import to_blocked
+
+        a, b, scale_a, scale_b = (self.arg(i) for i in range(4))
+        # The Definition also takes the scales in the blocked layout, which the op derives from
+        # nothing: they follow from the plain ones.
+        return {"a": a, "b": b, "scale_a": scale_a, "scale_b": scale_b,
+                "scale_a_permuted": to_blocked(scale_a), "scale_b_permuted": to_blocked(scale_b)}
+
+    def finish(self, results):
+        a = self.arg(0)
+        return _written(self.arg(4), results[0], (a.shape[0], 1, a.shape[2]))
+
+
+def _nvfp4_site(a) -> Optional[tuple]:
+    """The site of an nvfp4_gemv call: nvfp4_gemv_m{M}_k{K}, L variable."""
+    if a.dim() != 3 or a.dtype is not _FP4:
+        return None
+    m, k, l = a.shape[0], 2 * a.shape[1], a.shape[2]
+    if not k or k % 64:
+        return None
+    name = TEMPLATES["nvfp4_gemv"].name(M=m, K=k)
+    _SEEN.setdefault(name, ("nvfp4_gemv", {"M": m, "K": k}))
+    return name, (name, l), {"L": l}, False
+
+
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
 DEFAULT_EPS = 1e-6  # the norms' default, as in ops/norm.py
 _NO_SITE = (None,)
 
@@ -177,7 +208,11 @@ _NO_SITE = (None,)
 def _site(op: str, x, scalar) -> Optional[tuple]:
     """(definition name, key, axes, eps is an input) of a call shaped like ``x`` with this eps
     or factor, or None when no Definition describes it."""
-    if not isinstance(x, _Tensor) or not x.dim() or x.dtype not in _SUFFIX:
+    if not isinstance(x, _Tensor) or not x.dim():
+        return None
+    if op == "nvfp4_gemv":
+        return _nvfp4_site(x)
+    if x.dtype not in _SUFFIX:
         return None
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
@@ -210,6 +245,7 @@ _KINDS: dict[str, tuple] = {
     "gelu_and_mul": (_ActCall, None),
     "gelu_tanh_and_mul": (_ActCall, None),
     "scale": (_ScaleCall, 1),
+    "nvfp4_gemv": (_Nvfp4Call, None),
 }
 #: (op, shape, dtype, eps or factor) -> site, or _NO_SITE: the shapes of a model repeat, so a
 #: call is bound by one dict lookup. Bounded: cleared when it grows past _MAX_SITES.
