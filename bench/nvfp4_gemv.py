@@ -41,11 +41,9 @@ or the Triton solution fails its check at any shape.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import sys
 import time
 
@@ -53,7 +51,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from roofline import fmt, git_commit, safe, version_of  # noqa: E402
+from roofline import collect_meta, fmt, safe, write as write_results  # noqa: E402
 
 SPEED_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4)]
 SMALL_SHAPES = [(128, 7168, 1), (256, 7168, 1), (256, 7168, 8)]
@@ -273,37 +271,6 @@ def render(results: dict) -> str:
     return "\n".join(parts) + "\n"
 
 
-def collect_meta(args, cuda: bool) -> dict:
-    meta = {"time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:], "dry_run": args.dry_run, "layout": args.layout, "commit": git_commit(),
-            "python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-            "triton": version_of("triton"), "host": platform.node(),
-            "triton_interpret": os.environ.get("TRITON_INTERPRET")}
-    try:
-        import opforge
-
-        meta["opforge_build_info"] = opforge.build_info()
-    except Exception as e:
-        meta["opforge_build_info"] = f"unavailable: {type(e).__name__}: {e}"
-    if cuda:
-        p = torch.cuda.get_device_properties(0)
-        meta.update(gpu=p.name, sm_count=p.multi_processor_count, l2_bytes=timing.l2_bytes(),
-                    gpu_mem_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}")
-    return meta
-
-
-def write(results: dict, out=None, markdown=None) -> None:
-    if out:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1, default=str)
-        print(f"wrote {out}")
-    if markdown:
-        os.makedirs(os.path.dirname(os.path.abspath(markdown)), exist_ok=True)
-        with open(markdown, "w") as f:
-            f.write(render(results))
-        print(f"wrote {markdown}")
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="write full results as JSON here")
@@ -321,7 +288,7 @@ def main(argv=None) -> int:
     if args.render:
         with open(args.render) as f:
             results = json.load(f)
-        write(results, markdown=args.markdown)
+        write_results(results, markdown=args.markdown, render=render)
         print(render(results))
         return 0
     cuda = torch.cuda.is_available() and not args.dry_run
@@ -329,13 +296,14 @@ def main(argv=None) -> int:
         note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
         print(note)
         if args.out:
-            write({"meta": collect_meta(args, False), "note": note, "cases": []}, out=args.out)
+            meta = collect_meta(args, False, layout=args.layout, triton_interpret=os.environ.get("TRITON_INTERPRET"))
+            write_results({"meta": meta, "note": note, "cases": []}, out=args.out, render=render)
         return 0
     if args.dry_run and "triton" not in sys.modules:
         # Triton runs on CPU only in its interpreter, chosen when triton is first imported.
         os.environ["TRITON_INTERPRET"] = "1"
     t0 = time.time()
-    meta = collect_meta(args, cuda)
+    meta = collect_meta(args, cuda, layout=args.layout, triton_interpret=os.environ.get("TRITON_INTERPRET"))
     ctx = Ctx(args, cuda)
     ctx.copy_gbps = timing.copy_bandwidth_gbps(cuda)
     print(f"copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
@@ -346,7 +314,7 @@ def main(argv=None) -> int:
             print(f"[{time.time() - t0:6.1f}s] {m}x{k}x{l}: {progress(cases[-1])}", flush=True)
     results = {"meta": meta, "copy_gbps": ctx.copy_gbps, "target_pct_copy": TARGET_PCT, "cases": cases,
                "wall_s": round(time.time() - t0, 1)}
-    write(results, args.out, args.markdown)
+    write_results(results, args.out, args.markdown, render=render)
     print()
     print(render(results), flush=True)
     failed = [(c["M"], c["K"], c["L"], impl) for c in cases for impl in GATED

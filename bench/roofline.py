@@ -99,12 +99,13 @@ def version_of(dist):
         return None
 
 
-def collect_meta(args, cuda):
+def collect_meta(args, cuda, **extra):
+    """What a results file records about its run (bench scripts share it; ``extra``: their own
+    fields)."""
     meta = {"time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": sys.argv[1:], "quick": args.quick, "dry_run": args.dry_run,
+            "argv": sys.argv[1:], "dry_run": args.dry_run,
             "commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_cuda": torch.version.cuda, "triton": version_of("triton"),
-            "liger_kernel": version_of("liger-kernel"), "host": platform.node()}
+            "torch_cuda": torch.version.cuda, "triton": version_of("triton"), "host": platform.node(), **extra}
     try:
         import opforge
         meta["opforge_build_info"] = opforge.build_info()
@@ -342,7 +343,10 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def write(results, out=None, markdown=None):
+def write(results, out=None, markdown=None, render=None):
+    """The results as JSON (``out``) and as markdown tables (``markdown``, made by ``render``:
+    this script's tables unless a script of its own passes its renderer)."""
+    render = render or globals()["render"]
     if out:
         with open(out, "w") as f:
             json.dump(results, f, indent=1, default=str)
@@ -377,10 +381,10 @@ def main(argv=None):
         note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
         print(note)
         if args.out:
-            write({"meta": collect_meta(args, False), "note": note, "cases": []}, out=args.out)
+            write({"meta": collect_meta(args, False, quick=args.quick, liger_kernel=version_of("liger-kernel")), "note": note, "cases": []}, out=args.out)
         return 0
     t0 = time.time()
-    meta = collect_meta(args, cuda)
+    meta = collect_meta(args, cuda, quick=args.quick, liger_kernel=version_of("liger-kernel"))
     ctx = Ctx(args, cuda)
     ctx.copy_gbps = timing.copy_bandwidth_gbps(cuda)
     print(f"copy ceiling {ctx.copy_gbps:.0f} GB/s; liger: "
