@@ -115,9 +115,20 @@ def _k_contiguous(t):
     return t
 
 
+def _operands(a, b, scale_a, scale_b) -> tuple:
+    """The four operands with K contiguous (see _k_contiguous). On the call path: the common
+    case, every operand already K-contiguous, costs four stride reads."""
+    try:
+        if a.stride(1) == 1 and b.stride(1) == 1 and scale_a.stride(1) == 1 and scale_b.stride(1) == 1:
+            return a, b, scale_a, scale_b
+    except (AttributeError, IndexError, TypeError, RuntimeError):
+        return a, b, scale_a, scale_b  # not 3-d tensors: the binding says what is wrong
+    return _k_contiguous(a), _k_contiguous(b), _k_contiguous(scale_a), _k_contiguous(scale_b)
+
+
 def _traced(a, b, scale_a, scale_b, out=None, *, backend="auto"):
     refuse_grad(_ARGS, (a, b, scale_a, scale_b, out), "opforge.nvfp4_gemv: ")
-    a, b, scale_a, scale_b = _k_contiguous(a), _k_contiguous(b), _k_contiguous(scale_a), _k_contiguous(scale_b)
+    a, b, scale_a, scale_b = _operands(a, b, scale_a, scale_b)
     out = _empty_out(a) if out is None else out
     _nvfp4_gemv_op(out, a, b, scale_a, scale_b)
     return out
@@ -150,7 +161,7 @@ def nvfp4_gemv(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b:
 
     >>> c = opforge.nvfp4_gemv(a, b, scale_a, scale_b)
     """
-    a, b, scale_a, scale_b = _k_contiguous(a), _k_contiguous(b), _k_contiguous(scale_a), _k_contiguous(scale_b)
+    a, b, scale_a, scale_b = _operands(a, b, scale_a, scale_b)
     out = _empty_out(a) if out is None else out
     _run(out, a, b, scale_a, scale_b, backend)
     return out
