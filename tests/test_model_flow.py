@@ -101,7 +101,7 @@ def test_patch_trace_benchmark_apply_serve(device, tmp_path, capsys):
 
     # 3. Apply serves each captured shape with the solution measured fastest for it, and the model,
     #    traced again at the same time, still makes the same tokens.
-    with enable_apply(root, ApplyConfig(ahead_of_time=True)) as handle:
+    with enable_apply(root, ApplyConfig(ahead_of_time=True, device=device)) as handle:
         for batch in batches:
             assert handle.choices(norm, batch_size=batch)[0] == _fastest(measured, norm, batch)
         with enable_tracing(dataset_dir=tmp_path / "again"):
