@@ -3,9 +3,8 @@
 //
 // The op is a stream over A (K/2 bytes per row plus K/16 bytes of scales); B is K/2 bytes per
 // batch, read by every row and served from L1/L2. Each thread reads 16-byte vectors of A
-// (32 values, two scale blocks) with 8 of them in flight per loop iteration, decodes FP4 pairs
-// to half2 and multiplies them with packed half2 FMAs. Per 16-value block the half2 sums are
-// exact (see block_sums), so fp16 math loses nothing: the block sum goes to fp32, is scaled by
+// (32 values, two scale blocks) with 8 of them in flight per loop iteration and sums each
+// 16-value block of products exactly (see block_sums); the block sum goes to fp32, is scaled by
 // scale_a * scale_b and added to the fp32 accumulator.
 //
 // Decoding FP4 depends on the arch the code was compiled for, and the driver picks the cubin of
@@ -14,8 +13,8 @@
 //   >= 1000) have cvt.rn.f16x2.e2m1x2, one instruction per FP4 pair. No GPU of that family was
 //   available when this path was written: it is compiled (CUDA_ARCH_LIST="9.0a;10.0a") but has
 //   not run.
-// * Older GPUs (sm_80, sm_89, sm_90) have no FP4 instructions: a few shifts and masks per pair
-//   place each code's bits into an fp16 (fp4x8_to_half2x4).
+// * Older GPUs (sm_80, sm_89, sm_90) have no FP4 instructions: byte-table lookups (prmt) turn
+//   four codes at a time into small integers and dp4a adds their products.
 // E4M3 scales use cvt.rn.f16x2.e4m3x2 from sm_89 on, the same bit placement before.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -46,16 +45,19 @@ __device__ __forceinline__ __half2 as_half2(uint32_t u) {
 }
 
 // --- decoding ---------------------------------------------------------------------------------
-
-// The 8 FP4 codes of `w` as four half2. Which codes pair up differs between the two paths; A and
-// B always go through the same one, so every product still meets its partner.
 //
-// Software path: code bits s.e1.e0.m go to fp16 bits 15 and 11..9, i.e. an fp16 with exponent
-// field e and mantissa m/2: 2^(e-15) * (1 + m/2) for e > 0 and m * 2^-15 for e = 0 (an fp16
-// subnormal), exactly the E2M1 value times 2^-14 in both cases. Pairs are codes (i, i + 4).
-// Hardware path: the exact value, pairs of consecutive codes (the even one in the low half).
-__device__ __forceinline__ void fp4x8_to_half2x4(uint32_t w, uint32_t (&h)[4]) {
+// A 16-byte vector holds 32 FP4 codes (4 words of 8), two 16-value blocks: words 0-1 and 2-3.
+// block_sums returns the two block dot products of a vector of A with the decoded vector of B,
+// exactly, as floats in units of kBlockUnit (folded into B's scale once per vector). A and B
+// always go through the same decoding, so every product meets its partner.
+
 #ifdef OPFORGE_NVFP4_CVT_E2M1
+// Hardware path: cvt.rn.f16x2.e2m1x2 makes the exact values of two consecutive codes. The block
+// sums run in packed half2 FMAs: each half lane adds 8 products of two E2M1 values (multiples of
+// 1/4, at most 36), so every partial sum is a multiple of 1/4 below 288, which fp16 holds.
+constexpr float kBlockUnit = 1.f;
+
+__device__ __forceinline__ void fp4x8_to_half2x4(uint32_t w, uint32_t (&h)[4]) {
   asm("{\n"
       ".reg .b8 b0, b1, b2, b3;\n"
       "mov.b32 {b0, b1, b2, b3}, %4;\n"
@@ -66,45 +68,24 @@ __device__ __forceinline__ void fp4x8_to_half2x4(uint32_t w, uint32_t (&h)[4]) {
       "}"
       : "=r"(h[0]), "=r"(h[1]), "=r"(h[2]), "=r"(h[3])
       : "r"(w));
-#else
-  h[0] = ((w << 9) & 0x0E000E00u) | ((w << 12) & 0x80008000u);  // codes 0 and 4
-  h[1] = ((w << 5) & 0x0E000E00u) | ((w << 8) & 0x80008000u);   // codes 1 and 5
-  h[2] = ((w << 1) & 0x0E000E00u) | ((w << 4) & 0x80008000u);   // codes 2 and 6
-  h[3] = ((w >> 3) & 0x0E000E00u) | (w & 0x80008000u);          // codes 3 and 7
-#endif
 }
 
-#ifdef OPFORGE_NVFP4_CVT_E2M1
-constexpr float kAUnscale = 1.f;  // A decodes to its exact values
-#else
-constexpr float kAUnscale = 16384.f;  // A decodes to value * 2^-14; 2^14 is applied in fp32
-#endif
+struct DecodedB {
+  __half2 v[16];
+};
 
-// The 32 values of a 16-byte vector of B as 16 half2 holding the exact values (B is decoded once
-// per vector and reused for every row of the group; scaling it back to the true values keeps the
-// products with A's 2^-14-scaled values away from underflow).
-__device__ __forceinline__ void decode_b(const uint4& v, __half2 (&b)[16]) {
+__device__ __forceinline__ void decode_b(const uint4& v, DecodedB& b) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint32_t h[4];
     fp4x8_to_half2x4(words[i], h);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#ifdef OPFORGE_NVFP4_CVT_E2M1
-      b[4 * i + j] = as_half2(h[j]);
-#else
-      b[4 * i + j] = __hmul2(as_half2(h[j]), __float2half2_rn(16384.f));  // exact: a power of two
-#endif
-    }
+    for (int j = 0; j < 4; ++j) b.v[4 * i + j] = as_half2(h[j]);
   }
 }
 
-// Sums over the two 16-value blocks of a vector of A against the decoded B, as (block 0, block 1)
-// in fp32, in units of kAUnscale. Exact: each half lane adds 8 products of two E2M1 values
-// (multiples of 1/4, at most 36), so every partial sum is a multiple of 1/4 below 288 (times
-// 2^-14 on the software path), which fp16 holds exactly; the two lanes then meet in fp32.
-__device__ __forceinline__ float2 block_sums(const uint4& a, const __half2 (&b)[16]) {
+__device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) {
   const uint32_t words[4] = {a.x, a.y, a.z, a.w};
   __half2 s[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
 #pragma unroll
@@ -112,11 +93,71 @@ __device__ __forceinline__ float2 block_sums(const uint4& a, const __half2 (&b)[
     uint32_t h[4];
     fp4x8_to_half2x4(words[i], h);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) s[i / 2] = __hfma2(as_half2(h[j]), b[4 * i + j], s[i / 2]);
+    for (int j = 0; j < 4; ++j) s[i / 2] = __hfma2(as_half2(h[j]), b.v[4 * i + j], s[i / 2]);
   }
   const float2 s0 = __half22float2(s[0]), s1 = __half22float2(s[1]);
   return make_float2(s0.x + s0.y, s1.x + s1.y);
 }
+#else
+// Software path (sm_80..sm_90: no FP4 instructions): integer dot products. Twice an E2M1 value
+// is an integer, 2|x| in {0, 1, 2, 3, 4, 6, 8, 12}, so a block's sum of 16 products is an exact
+// int32 (at most 16 * 144) counted in quarters. One prmt looks up four codes at once in an 8-byte
+// table indexed by the codes' 3 magnitude bits; its sign-replicate mode, selected by the code's
+// own sign bit (bit 3 of each selector nibble), answers 0 for negative codes (every table byte is
+// below 0x80). The same lookup with the sign bits flipped gives the negative codes' magnitudes,
+// so A = P - N with P, N >= 0 bytewise, and one dp4a per part adds four products:
+// A . B = P . B + N . (-B), with B and -B decoded once per vector and shared by the task's rows.
+// Per 8 codes of A: 3 integer ops, 4 prmt, 4 dp4a (the half2 bit placement took 16 + 4 HFMA2,
+// and the integer pipe, not memory, then bounded the kernel on Hopper).
+constexpr float kBlockUnit = 0.25f;
+constexpr uint32_t kTwiceE2M1Lo = 0x03020100u;  // codes 0..3 -> 0, 1, 2, 3
+constexpr uint32_t kTwiceE2M1Hi = 0x0C080604u;  // codes 4..7 -> 4, 6, 8, 12
+
+// Bytewise 2|x| of the four codes in the low 16 bits of `sel` whose sign bit is clear (0 for the
+// others).
+__device__ __forceinline__ uint32_t twice_magnitudes(uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(kTwiceE2M1Lo), "r"(kTwiceE2M1Hi), "r"(sel));
+  return d;
+}
+
+// The 32 values of a vector of B as signed bytes 2x and -2x, four per word, in code order.
+struct DecodedB {
+  uint32_t pos[8], neg[8];
+};
+
+__device__ __forceinline__ void decode_b(const uint4& v, DecodedB& b) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t flipped = words[i] ^ 0x88888888u;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t p = twice_magnitudes(words[i] >> (16 * h));
+      const uint32_t n = twice_magnitudes(flipped >> (16 * h));
+      b.pos[2 * i + h] = __vsub4(p, n);  // bytes stay within -12..12: no lane wraps into another
+      b.neg[2 * i + h] = __vsub4(n, p);
+    }
+  }
+}
+
+__device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) {
+  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+  int s[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t flipped = words[i] ^ 0x88888888u;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t p = twice_magnitudes(words[i] >> (16 * h));
+      const uint32_t n = twice_magnitudes(flipped >> (16 * h));
+      s[i / 2] = __dp4a(static_cast<int>(p), static_cast<int>(b.pos[2 * i + h]), s[i / 2]);
+      s[i / 2] = __dp4a(static_cast<int>(n), static_cast<int>(b.neg[2 * i + h]), s[i / 2]);
+    }
+  }
+  return make_float2(__int2float_rn(s[0]), __int2float_rn(s[1]));  // exact: below 2^24
+}
+#endif
 
 // Two E4M3 scales (the lower address in the low byte) as exact floats; the NaN code gives NaN.
 __device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short x) {
@@ -158,6 +199,10 @@ __device__ __forceinline__ uint4 load_a(const uint8_t* p) {
     v = make_uint4(w[0], w[1], w[2], w[3]);
   }
   return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 template <bool WIDE>
@@ -265,14 +310,26 @@ __global__ void __launch_bounds__(kNvfp4Threads, WIDE ? kNvfp4BlocksPerSm : 1)
           as[u][r] = load_scale_a<WIDE>(sa_rows[r] + vc * 2);
         }
       }
+      if constexpr (WIDE) {
+        // The next iteration's vectors of A into L2 while this one's math runs: more requests in
+        // flight than the registers can hold, and the next loads wait on L2, not DRAM.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t v = v0 + int64_t(group) * (U + u);
+          if (v < v_end) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) prefetch_l2(a_rows[r] + v * 16);
+          }
+        }
+      }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (v0 + int64_t(u) * group >= v_end) break;
-        __half2 b[16];
+        DecodedB b;
         decode_b(bv[u], b);
         float2 sb = e4m3x2_to_float2(bs[u]);
-        sb.x *= kAUnscale;  // exact: a power of two
-        sb.y *= kAUnscale;
+        sb.x *= kBlockUnit;  // exact: a power of two
+        sb.y *= kBlockUnit;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
           const float2 s = block_sums(av[u][r], b);

@@ -85,26 +85,29 @@ inline Nvfp4GemvPlan nvfp4_gemv_plan(int64_t m, int64_t l, int sms, int rows, in
 // 256 threads per SM with 8 vectors of A in flight each (32 KiB per SM, about twice what covers
 // the memory latency at full bandwidth), with as little extra work as possible:
 // 1. rows: 4 (each vector of B decoded once for 4 rows), unless even groups as wide as the row
-//    allows (2 vectors per thread) leave the GPU short of that goal; then 2, then 1.
-// 2. group: a warp, narrowed to the row's vector count for short rows (K < 1024) so that no lane
-//    idles, and widened across the warps of a block (K split inside the block) while the goal is
-//    not met and every thread keeps at least 2 vectors per row.
+//    allows (1 vector per thread) leave the GPU short of that goal; then 2, then 1.
+// 2. group: 16 threads (4 vectors per thread at K = 2048), narrowed to the row's vector count for
+//    short rows, and widened while the groups would fill less than 3/4 of the resident threads
+//    (512 per SM) and every thread keeps a vector per row. Narrow groups spend less on the
+//    reduction per task; wide ones keep the SMs full when M * L is small. (Measured on an H100
+//    over groups 8..256 at the shapes below: within 2% of the best plan at every one.)
 // 3. splits: only when a 256-thread group per row still leaves the goal unmet (M * L small
 //    against the SM count) and every slice keeps 2 vectors per thread: the second kernel and
 //    M * L * splits floats of workspace are worth it then.
-// The decode shapes of the target (M x K x L = 7168 x 16384 x 1, 4096 x 7168 x 8,
-// 7168 x 2048 x 4 on 132 SMs) all get rows 4, group 32, no split.
+// On 132 SMs: 7168 x 16384 x 1 gets rows 4, group 32; 4096 x 7168 x 8 and 7168 x 2048 x 4
+// rows 4, group 16; 128 x 7168 x 1 rows 1, group 128; none splits K.
 inline Nvfp4GemvPlan choose_nvfp4_gemv_plan(int64_t m, int64_t k, int64_t l, int sms) {
   const int64_t nv = k / kNvfp4VectorElems;  // 16-byte vectors per row of A
   const int64_t goal = int64_t(sms) * 256;   // threads
-  int widest = 1;                            // widest group that keeps 2 vectors per thread
-  while (widest < kNvfp4Threads && nv >= 4 * widest) widest *= 2;
+  const int64_t fill = int64_t(sms) * 384;   // 3/4 of the resident threads
+  int widest = 1;                            // widest group that keeps 1 vector per thread
+  while (widest < kNvfp4Threads && nv >= 2 * widest) widest *= 2;
   int rows = 4;
   while (rows > 1 && (rows > m || nvfp4_cdiv(m, rows) * l * widest < goal)) rows /= 2;
   const int64_t groups = nvfp4_cdiv(m, rows) * l;
-  int group = 32;
+  int group = 16;
   while (group > 1 && group > nv) group /= 2;
-  while (group < widest && groups * group < goal) group *= 2;
+  while (group < widest && groups * group < fill) group *= 2;
   int splits = 1;
   while (splits < kNvfp4MaxSplits && groups * group * splits < goal && nv >= 4 * group * splits) splits *= 2;
   return nvfp4_gemv_plan(m, l, sms, rows, group, splits);

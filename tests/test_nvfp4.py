@@ -449,13 +449,22 @@ def plan(m, k, l, sms=132, **force):
     return _C.nvfp4_gemv_plan(m, k, l, sms, **force)
 
 
-@pytest.mark.parametrize("m, k, l", [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4)], ids=str)
-def test_plan_of_the_decode_shapes(m, k, l):
-    """Enough rows x batches to fill an H100 with 4-row warps: no split, no workspace, every
-    block resident at once (2 per SM), the tasks dealt over them."""
+@pytest.mark.parametrize("m, k, l, group", [(7168, 16384, 1, 32), (4096, 7168, 8, 16), (7168, 2048, 4, 16)], ids=str)
+def test_plan_of_the_decode_shapes(m, k, l, group):
+    """Enough rows x batches to fill an H100 with 4-row groups: no split, no workspace, every
+    block resident at once (2 per SM), the tasks dealt over them; 16-thread groups where they
+    still fill 3/4 of the resident threads, a warp where they would not (the plans measured
+    fastest on an H100, bench/results)."""
     p = plan(m, k, l)
-    assert (p["rows"], p["group"], p["splits"], p["workspace"]) == (4, 32, 1, 0), p
+    assert (p["rows"], p["group"], p["splits"], p["workspace"]) == (4, group, 1, 0), p
     assert p["blocks"] == 264
+
+
+@pytest.mark.parametrize("m", [128, 256])
+def test_plan_of_few_rows_spreads_k_over_wide_groups(m):
+    """Small M at decode (128-256 rows, K = 7168): one row per group of 128 threads, no split."""
+    p = plan(m, 7168, 1)
+    assert (p["rows"], p["group"], p["splits"]) == (1, 128, 1), p
 
 
 def test_plan_splits_k_only_for_few_long_rows():
@@ -676,3 +685,46 @@ def test_cuda_and_cpu_tensors_mixed():
     args["scale_b"] = args["scale_b"].cuda()
     with pytest.raises(ValueError, match="scale_b is on cuda:0 but a is on cpu"):
         opforge.nvfp4_gemv(**args)
+
+
+# --- the Triton solution (GPU) ----------------------------------------------------------------
+
+
+def _triton_solution():
+    pytest.importorskip("triton")
+    from opforge.solutions import nvfp4_gemv_triton
+
+    return nvfp4_gemv_triton
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, k, l", [(1, 64, 1), (37, 2112, 3), (128, 7168, 1), (33, 4096, 1), (300, 2048, 2),
+                                     (7168, 2048, 1)], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_triton_solution(seed, m, k, l, layout, splits):
+    """The Triton solution the built-in dataset ships, on both of its read paths (32-bit words
+    where K rows are 4-byte aligned, bytes for the offset layout), L = 1 and L > 1, M not a
+    multiple of its row tile, K split or not."""
+    solution = _triton_solution()
+    problem = random_problem(seeded(seed), m, k, l, *regime_ranges("balanced", k))
+    out = poisoned_out(m, l, "cuda", "seed")
+    got = solution.nvfp4_gemv(*problem.args("cuda", layout), out, splits=splits)
+    torch.cuda.synchronize()
+    assert got is out
+    assert_matches(got, problem.reference(), seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("regime", ["a_full", "b_full", "subnormal"])
+def test_triton_solution_entry_across_the_e4m3_range(seed, regime):
+    """Seed 003's one-tuple entry (blocked scales passed along, plain ones read) over the scale
+    regimes that stress the exponent handling."""
+    solution = _triton_solution()
+    problem = random_problem(seeded(seed), 130, 1024, 2, *regime_ranges(regime, 1024))
+    a, b, sa, sb = problem.args("cuda")
+    c = poisoned_out(130, 2, "cuda")
+    got = solution.triton_kernel((a, b, sa, sb, fmt.to_blocked(sa), fmt.to_blocked(sb), c))
+    torch.cuda.synchronize()
+    assert got is c
+    assert_matches(got, problem.reference(), seed)

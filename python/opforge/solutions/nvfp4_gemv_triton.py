@@ -102,25 +102,28 @@ def _nvfp4_gemv_kernel(
     pid_l = tl.program_id(1)
     pid_s = tl.program_id(2)
     SCALES: tl.constexpr = BLOCK_KB // 8  # one scale per 8 bytes (16 values)
-    # Per tile, the unit the codes are read in: 32-bit words (K contiguous) or bytes.
-    UNITS: tl.constexpr = BLOCK_KB // 4 if WORDS else BLOCK_KB
+    # The unit the codes are read in: 32-bit words (K contiguous) or bytes; a block is 8 bytes.
     UNIT_BYTES: tl.constexpr = 4 if WORDS else 1
+    PER_BLOCK: tl.constexpr = 8 // UNIT_BYTES
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    ku = tl.arange(0, UNITS)
+    # A tile as [rows, blocks, units of a block]: the block sums are a sum over the last axis,
+    # with no reshape of a loaded tile.
     kj = tl.arange(0, SCALES)
+    ku = kj[:, None] * PER_BLOCK + tl.arange(0, PER_BLOCK)[None, :]
     # 64-bit row and batch offsets: A alone may pass 2^31 bytes.
     rows64 = rows.to(tl.int64)
     l64 = pid_l.to(tl.int64)
     if WORDS:
         # K contiguous and every row and batch 4-byte aligned (checked by the caller).
-        a_rows = a_ptr.to(tl.pointer_type(tl.uint32)) + rows64[:, None] * (stride_am // 4) + l64 * (stride_al // 4)
+        a_rows = a_ptr.to(tl.pointer_type(tl.uint32)) + rows64[:, None, None] * (stride_am // 4) \
+            + l64 * (stride_al // 4)
         b_col = b_ptr.to(tl.pointer_type(tl.uint32)) + l64 * (stride_bl // 4)
         step_a = 1
         step_b = 1
     else:
-        a_rows = a_ptr + rows64[:, None] * stride_am + l64 * stride_al
+        a_rows = a_ptr + rows64[:, None, None] * stride_am + l64 * stride_al
         b_col = b_ptr + l64 * stride_bl
         step_a = stride_ak
         step_b = stride_bk
@@ -134,23 +137,23 @@ def _nvfp4_gemv_kernel(
         u = k0 // UNIT_BYTES + ku
         j = k0 // 8 + kj
         if EVEN_K:
-            a = tl.load(a_rows + u[None, :] * step_a, mask=row_ok[:, None], other=0)
+            a = tl.load(a_rows + u[None, :, :] * step_a, mask=row_ok[:, None, None], other=0)
             b = tl.load(b_col + u * step_b)
             sa = tl.load(sa_rows + j[None, :] * stride_sak, mask=row_ok[:, None], other=0)
             sb = tl.load(sb_col + j * stride_sbk)
         else:
             u_ok = u < K_BYTES // UNIT_BYTES
             j_ok = j < K_BYTES // 8
-            a = tl.load(a_rows + u[None, :] * step_a, mask=row_ok[:, None] & u_ok[None, :], other=0)
+            a = tl.load(a_rows + u[None, :, :] * step_a, mask=row_ok[:, None, None] & u_ok[None, :, :], other=0)
             b = tl.load(b_col + u * step_b, mask=u_ok, other=0)
             sa = tl.load(sa_rows + j[None, :] * stride_sak, mask=row_ok[:, None] & j_ok[None, :], other=0)
             sb = tl.load(sb_col + j * stride_sbk, mask=j_ok, other=0)
         if WORDS:
-            units = _word_dot(a, b[None, :])
+            units = _word_dot(a, b[None, :, :])
         else:
-            units = _byte_dot(a.to(tl.int32), b.to(tl.int32)[None, :])
+            units = _byte_dot(a.to(tl.int32), b.to(tl.int32)[None, :, :])
         # Even elements meet even ones, odd meet odd; 16 values (8 bytes) make a block.
-        blocks = tl.sum(tl.reshape(units, [BLOCK_M, SCALES, 8 // UNIT_BYTES]), axis=2)
+        blocks = tl.sum(units, axis=2)
         scales = _e4m3(sa.to(tl.int32)) * _e4m3(sb.to(tl.int32))[None, :]
         acc += tl.sum(blocks * scales, axis=1)
     acc = acc * UNDO_DECODE_SCALE
