@@ -78,11 +78,6 @@ def definition_for(m: int, k: int):
     return TEMPLATES["nvfp4_gemv"].definition(M=m, K=k)
 
 
-def task_layout(t: torch.Tensor) -> torch.Tensor:
-    """The same values with the task's strides: [L, rows, ...] storage viewed as [rows, ..., L]."""
-    return t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
-
-
 def make_sets(definition, l: int, n: int, device: str, layout: str) -> list[dict]:
     from opforge.bench import generate_inputs
     from opforge.ops.nvfp4_format import dequantize
@@ -93,8 +88,8 @@ def make_sets(definition, l: int, n: int, device: str, layout: str) -> list[dict
     sets = []
     for seed in range(n):
         inputs = generate_inputs(definition, workload, seed=seed)
-        if layout == "task":
-            inputs = [task_layout(t) for t in inputs[:4]] + inputs[4:]
+        if layout == "contiguous":  # generated in the task's layout (the Definition's storage_orders)
+            inputs = [t.contiguous() for t in inputs[:4]] + inputs[4:]
         inputs = [t.to(device) for t in inputs]
         a, b, scale_a, scale_b = inputs[:4]
         sets.append({

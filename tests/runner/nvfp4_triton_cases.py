@@ -62,15 +62,20 @@ def split(splits, l):
 
 
 def task_layout():
-    # The task's tensors are views of [L, M, ...] buffers: K contiguous, the batch outermost.
+    # The task's tensors are views of [L, M, ...] buffers: K contiguous, the batch outermost (the
+    # generated inputs' layout: the Definition's storage_orders), against the same values
+    # contiguous in the declared shape, K strided.
     m, k, l = 33, 256, 3
     d, inputs, want = case(m, k, l, seed=3)
-    relaid = [t.permute(2, 0, 1).contiguous().permute(1, 2, 0) for t in inputs[:4]]
+    plain = [t.contiguous() for t in inputs[:4]]
     c = torch.full((l, m, 1), math.nan, dtype=torch.float16).permute(1, 2, 0)
-    kernel.nvfp4_gemv(*relaid, c)
-    # This layout takes the word path; the contiguous one, K strided, the byte path.
-    paths = kernel._word_aligned(relaid[0].view(torch.uint8)) and not kernel._word_aligned(inputs[0].view(torch.uint8))
-    return judged(d, c, want, "" if paths else "not the word path here and the byte path there")
+    kernel.nvfp4_gemv(*inputs[:4], c)
+    c_plain = kernel.nvfp4_gemv(*plain, poisoned(m, l))
+    same = torch.equal(c, c_plain)
+    # The task's layout takes the word path; the contiguous one, K strided, the byte path.
+    paths = kernel._word_aligned(inputs[0].view(torch.uint8)) and not kernel._word_aligned(plain[0].view(torch.uint8))
+    why = "" if paths else "not the word path here and the byte path there"
+    return judged(d, c, want, why or ("" if same else "the two layouts give different results"))
 
 
 def registry():

@@ -151,3 +151,27 @@ def test_high_spread_is_suspect_and_never_a_baseline_ratio_worth_trusting():
                        clock="timing does not fit the runner's clock: x")
     assert perf.suspect.splitlines()[0].startswith("timing does not fit")
     assert perf.suspect.splitlines()[1].startswith("high spread")
+
+
+@pytest.mark.parametrize("shape, order", [((5, 6, 3), [2, 0, 1]), ((4, 1, 7), [2, 0, 1]), ((300, 1200), [1, 0]),
+                                          ((2, 3, 4, 5), [3, 1, 0, 2])], ids=str)
+def test_permuted_dense_tensors_keep_their_memory_layout(tmp_path, shape, order):
+    """A permuted contiguous tensor (how a kernel's callers may lay out an operand) arrives with
+    the same strides, inline or through a spill file (the 300 x 1200 fp32 one is over the
+    spill size); other strided tensors arrive contiguous with the same values."""
+    inverse = sorted(range(len(order)), key=lambda d: order[d])
+    base = torch.randn([shape[d] for d in order])
+    sent = base.permute(*inverse)
+    assert sent.shape == shape
+    strided = torch.randn(shape[0] * 2, *shape[1:])[::2]
+    for spill in (None, tmp_path):
+        got, got_strided = _wire.loads(_wire.dumps([sent, strided], spill=spill), spill=spill)
+        assert got.stride() == sent.stride() and torch.equal(got, sent)
+        assert got_strided.is_contiguous() and torch.equal(got_strided, strided)
+
+
+@pytest.mark.parametrize("order", [[0, 0], [0, 2], [1], "01", [True, 0]], ids=str)
+def test_a_malformed_dimension_order_is_refused(order):
+    msg = _message({"~": "tensor", "dtype": "float32", "shape": [2, 3], "buffer": 0, "order": order}, bytes(24))
+    with pytest.raises(_wire.WireError, match="dimension order"):
+        _wire.loads(msg)

@@ -150,6 +150,32 @@ def test_new_value_domain_kinds_are_validated(domains, message):
     assert any(message in m for _, m in info.value.errors), info.value.errors
 
 
+@pytest.mark.parametrize("orders, message", [
+    ({"c": [2, 0, 1]}, "'c' is not a tensor input"),
+    ({"nope": [0]}, "'nope' is not a tensor input"),
+    ({"a": [2, 0]}, "expected the 3 dimensions of 'a'"),
+    ({"a": [2, 2, 1]}, "each once"),
+    ({"a": [0, 1, 3]}, "each once"),
+])
+def test_storage_orders_are_validated(orders, message):
+    data = small().to_dict()
+    data["storage_orders"] = {**data.get("storage_orders", {}), **orders}
+    with pytest.raises(SchemaError, match="storage_orders") as info:
+        Definition.from_dict(data)
+    assert any(message in m for _, m in info.value.errors), info.value.errors
+
+
+def test_storage_orders_round_trip_and_count_in_the_content_hash():
+    d = small()
+    assert d.storage_orders == {name: [2, 0, 1] for name in ("a", "b", "scale_a", "scale_b")}
+    assert Definition.from_dict(d.to_dict()) == d
+    data = d.to_dict()
+    del data["storage_orders"]
+    plain = Definition.from_dict(data)
+    assert plain.storage_orders == {} and "storage_orders" not in plain.to_dict()
+    assert plain.content_hash() != d.content_hash()
+
+
 def test_builtin_solution_leaves_the_blocked_scales_out_of_the_op_call():
     d = definition_for_name("nvfp4_gemv_m4096_k7168")
     solution = builtin.builtin_solution_for(d)

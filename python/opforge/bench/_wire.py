@@ -9,8 +9,10 @@ decoder rebuilds nothing else. A message is::
 
 Tuples, bytes and tensors appear in the JSON as objects with the key ``"~"`` (a plain dict
 holding that key is refused when encoding). A tensor is its dtype (from a fixed list), shape and
-raw bytes, CPU and contiguous, so nothing depends on torch's shared-memory handles, which a
-crashed worker would leave behind.
+raw bytes on the CPU, so nothing depends on torch's shared-memory handles, which a crashed worker
+would leave behind. A dense tensor whose dimensions lie in memory in another order than its
+shape's (a permuted contiguous tensor) keeps that layout: its bytes go in memory order with the
+order of its dimensions (``order``, outermost first); anything else arrives contiguous.
 
 Large tensors (an input set of a big workload is hundreds of MB) do not go through the socket:
 with a ``spill`` folder (in /dev/shm where there is one) their bytes are written to a file
@@ -91,9 +93,14 @@ class _Encoder:
     def _tensor(self, obj: torch.Tensor) -> dict:
         if obj.dtype not in _DTYPE_NAMES:
             raise TypeError(f"cannot send a tensor of dtype {obj.dtype}")
-        t = obj.detach().to("cpu").contiguous()
-        nbytes = t.numel() * t.element_size()
+        t = obj.detach().to("cpu")
         head = {_TAG: "tensor", "dtype": _DTYPE_NAMES[t.dtype], "shape": list(t.shape)}
+        order = _memory_order(t)
+        if order is not None:
+            head["order"] = order
+            t = t.permute(*order)
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
         raw = t.reshape(-1).view(torch.uint8).numpy() if nbytes else None
         if self.spill is not None and nbytes >= SPILL_BYTES:
             name = f"{uuid.uuid4().hex}.bin"
@@ -101,6 +108,18 @@ class _Encoder:
             return dict(head, file=name)
         self.buffers.append(raw.tobytes() if raw is not None else b"")
         return dict(head, buffer=len(self.buffers) - 1)
+
+
+def _memory_order(t: torch.Tensor) -> Optional[list]:
+    """The order of ``t``'s dimensions in memory, outermost first, when ``t`` is a permutation of
+    a contiguous tensor in another order than its own; None otherwise (contiguous, or not dense)."""
+    if t.dim() < 2 or t.is_contiguous():
+        return None
+    # Larger strides outside; a size-1 dimension goes where its shape position puts it.
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d) if t.shape[d] > 1 else 0, d))
+    if order == list(range(t.dim())) or not t.permute(*order).is_contiguous():
+        return None
+    return order
 
 
 def dumps(obj, spill: Optional[Path] = None) -> bytes:
@@ -161,7 +180,16 @@ class _Decoder:
             if len(raw) != nbytes:
                 raise WireError(f"tensor of shape {shape} and dtype {obj['dtype']} needs {nbytes} bytes, got {len(raw)}")
             flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
-        return flat.view(dtype).reshape(shape)
+        order = obj.get("order")
+        if order is None:
+            return flat.view(dtype).reshape(shape)
+        if not isinstance(order, list) or sorted(order) != list(range(len(shape))) or \
+                not all(isinstance(d, int) and not isinstance(d, bool) for d in order):
+            raise WireError(f"bad tensor dimension order {str(order)[:80]} for shape {shape}")
+        inverse = [0] * len(order)
+        for position, dim in enumerate(order):
+            inverse[dim] = position
+        return flat.view(dtype).reshape([shape[d] for d in order]).permute(*inverse)
 
     def _spilled(self, name, nbytes: int) -> torch.Tensor:
         if self.spill is None or not isinstance(name, str) or not _SPILL_NAME.fullmatch(name):

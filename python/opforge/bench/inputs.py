@@ -124,4 +124,15 @@ def generate_inputs(definition, workload, *, seed: int | None = None, device: st
         domain = definition.value_domains[name]
         values[name] = _derived_tensor(definition, name, domain, values[domain.source], shapes[name] or (),
                                        definition.inputs[name])
+    for name, order in definition.storage_orders.items():
+        values[name] = stored_in_order(values[name], order)
     return [values[name] for name in definition.inputs]
+
+
+def stored_in_order(t: torch.Tensor, order) -> torch.Tensor:
+    """The values of ``t`` in memory laid out with dimension ``order[0]`` outermost and
+    ``order[-1]`` innermost (a Definition's ``storage_orders``), same shape."""
+    inverse = [0] * len(order)
+    for position, dim in enumerate(order):
+        inverse[dim] = position
+    return t.permute(*order).contiguous().permute(*inverse)

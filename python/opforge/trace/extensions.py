@@ -27,6 +27,12 @@ layouts). Four kinds:
 
 Input generation draws tensors without a domain as standard normal floats, uniform bools, and
 for FP4 E2M1 uniform bytes (both nibbles over all 16 codes, -0 included).
+
+``storage_orders``: per input, how its elements lie in memory when that is not the shape's row
+major order: the dimensions from outermost to innermost (``[2, 0, 1]``: a [M, K/2, L] tensor
+stored as [L, M, K/2], K contiguous, as seed 003's GEMV task hands its operands over). Inputs
+are generated (or loaded) with that layout and reach every solution with it, so a kernel is
+measured on the memory layout its callers have; without an entry, inputs are contiguous.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ JSON (FlashInfer-Trace; field order as written)::
 
 ``shape: null`` is a Python scalar, ``shape: []`` a 0-d tensor. Files using the early key
 ``"type"`` for ``op_type`` are read too. opforge's optional fields (written only when set):
-``tolerances``, ``aliases``, ``value_domains`` (see extensions.py), and ``bytes`` / ``flops``:
+``tolerances``, ``aliases``, ``value_domains``, ``storage_orders`` (see extensions.py), and ``bytes`` / ``flops``:
 expressions over axis names giving the bytes a call moves and its floating-point operations,
 for roofline numbers. Besides axis names they may use ``dtype_size`` (bytes per element of the
 first tensor input), ``<tensor>_itemsize`` for every tensor, the dtype names (``bfloat16`` is 2,
@@ -30,7 +30,7 @@ import ast
 import hashlib
 from typing import Annotated, Any, Callable, Literal, Mapping, Optional, Union
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, StrictInt, field_validator, model_validator
 
 from . import expr as _expr
 from ._base import INT64_MAX, TraceModel, canonical_hash_text
@@ -76,7 +76,7 @@ class TensorSpec(TraceModel):
 class Definition(TraceModel):
     """One kernel: its axes, inputs, outputs and reference implementation (see module doc)."""
 
-    _omit_when_empty = ("tolerances", "aliases", "value_domains", "bytes", "flops")
+    _omit_when_empty = ("tolerances", "aliases", "value_domains", "storage_orders", "bytes", "flops")
 
     name: str
     op_type: str = Field(validation_alias=AliasChoices("op_type", "type"))
@@ -90,6 +90,7 @@ class Definition(TraceModel):
     tolerances: dict[str, Tolerance] = Field(default_factory=dict)
     aliases: dict[str, str] = Field(default_factory=dict)
     value_domains: dict[str, ValueDomain] = Field(default_factory=dict)
+    storage_orders: dict[str, list[StrictInt]] = Field(default_factory=dict)
     bytes: Optional[str] = None
     flops: Optional[str] = None
 
@@ -130,6 +131,8 @@ class Definition(TraceModel):
             self._validate_alias(oname, iname)
         for iname, domain in self.value_domains.items():
             self._validate_domain(iname, domain)
+        for iname, order in self.storage_orders.items():
+            self._validate_storage_order(iname, order)
         for field in ("bytes", "flops"):
             if getattr(self, field) is not None:
                 self._validate_expr(field, getattr(self, field), set(self._expr_constants()) | set(self.axes))
@@ -190,6 +193,15 @@ class Definition(TraceModel):
             if spec.dtype.value not in LOG_UNIFORM_DTYPES or spec.shape is None:
                 raise SchemaError(field, f"a log_uniform domain needs a tensor of {', '.join(LOG_UNIFORM_DTYPES)}; "
                                          f"{iname!r} is {spec.dtype.value}")
+
+    def _validate_storage_order(self, iname: str, order: list) -> None:
+        field = f"storage_orders.{iname}"
+        spec = self.inputs.get(iname)
+        if spec is None or spec.shape is None:
+            raise SchemaError(field, f"{iname!r} is not a tensor input (inputs: {', '.join(self.inputs)})")
+        if sorted(order) != list(range(len(spec.shape))):
+            raise SchemaError(field, f"expected the {len(spec.shape)} dimensions of {iname!r} {spec.shape}, "
+                                     f"outermost first, each once; got {order}")
 
     def _validate_derived(self, iname: str, domain: DerivedDomain) -> None:
         field = f"value_domains.{iname}.source"
