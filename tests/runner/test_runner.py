@@ -260,6 +260,27 @@ def test_recorded_inputs_from_safetensors(tmp_path):
     assert len(bench.result.skipped) == 1 and "shape" in bench.result.skipped[0].reason
 
 
+def test_a_workload_whose_blob_is_not_there_is_skipped_saying_which_file(tmp_path):
+    """A captured workload whose safetensors file was never fetched: loading keeps it, the run
+    skips it for every solution (naming the file) and runs the rest, and the dataset keeps it."""
+    from opforge.trace.blob import save_safetensors_blob, workload_blob_relpath
+
+    root = tmp_path / "ds"
+    ts = make_dataset(root, names={"honest"})
+    path = save_safetensors_blob(root, workload_blob_relpath("mul", DEF, "rec"), {"x": torch.ones(5, 8)})
+    ts.add_workload(DEF, Workload(uuid="rec", axes={"batch": 5}, inputs={
+        "x": {"type": "safetensors", "path": path, "tensor_key": "x"}, "w": {"type": "random"}}), persist=True)
+    ts.save()
+    (root / path).unlink()
+    ts = TraceSet.load(root)
+    bench = Benchmark(ts, config(definitions=[DEF]))
+    traces = bench.run_all()
+    assert traces and all(t.workload.uuid != "rec" for t in traces)
+    skipped = [k for k in bench.result.skipped if k.workload.startswith("batch=5") or "rec" in k.reason]
+    assert skipped and all("inputs not there" in k.reason and path in k.reason for k in skipped), bench.result.skipped
+    assert "rec" in {w.workload.uuid for w in TraceSet.load(root).get_workloads(DEF)}
+
+
 def test_stop_finishes_what_is_in_flight_and_records_nothing_after(tmp_path):
     ts = make_dataset(tmp_path / "ds", names={"honest", "constant", "honest_dps"})
     seen = []

@@ -160,6 +160,20 @@ def test_single_file_in_flashinfer_bench_to_dict_form(tmp_path):
     assert TraceSet.load(path).to_dict() == ts.to_dict()
 
 
+def test_from_path_and_load_follow_one_rule(tmp_path):
+    """A .json file and a folder load through either name; a path that is neither is named."""
+    ts = populated()
+    path = tmp_path / "one.json"
+    ts.save(path)
+    folder = tmp_path / "folder"
+    ts.save_dataset(folder)
+    for load in (TraceSet.load, TraceSet.from_path):
+        assert load(path).to_dict() == ts.to_dict()
+        assert load(folder).to_dict() == ts.to_dict()
+        with pytest.raises(FileNotFoundError, match="no dataset folder or TraceSet .json file at .*missing"):
+            load(tmp_path / "missing")
+
+
 def test_single_file_errors_name_the_entry(tmp_path):
     data = populated().to_dict()
     data["definitions"]["rmsnorm_h2048"]["inputs"]["weight"]["dtype"] = "float99"
@@ -329,8 +343,6 @@ def _set(path, value):
      WL, "workload.axes", "constraint 'batch_size <= 65536' does not hold for batch_size=99999"),
     (lambda root: (root / WL).write_text((root / WL).read_text().replace('"batch_size": 4', '"batch_size": 4, "seq": 2')),
      WL, "workload.axes.seq", "rmsnorm_d128 has no axis 'seq'"),
-    (lambda root: (root / BLOB).unlink(),
-     WL, "workload.inputs.input", f"safetensors file {BLOB} not found"),
     (lambda root: write_blob(root, shape=(3, 128)),
      WL, "workload.inputs.input", f"{BLOB}['input'] has shape (3, 128), expected (2, 128)"),
     (lambda root: write_blob(root, dtype=__import__("torch").float32),
@@ -379,10 +391,22 @@ def test_lines_in_the_wrong_kind_of_file(dataset):
     assert "workload traces only" in ts.load_errors[0].message
 
 
-def test_check_blobs_can_be_skipped(dataset):
+def test_workloads_with_missing_blobs_are_kept_counted_and_said_once(dataset, tmp_path, caplog):
+    """A blob kept outside git (not fetched) loses no record: the workload stays, saving and
+    copying keep it, one warning says how many and how to fetch them; a blob of the wrong shape
+    is still an error."""
     (dataset / BLOB).unlink()
-    assert len(TraceSet.from_path(dataset).get_workloads("rmsnorm_d128")) == 1
-    assert len(TraceSet.from_path(dataset, check_blobs=False).get_workloads("rmsnorm_d128")) == 2
+    with caplog.at_level("WARNING", logger="opforge.trace"):
+        ts = TraceSet.from_path(dataset)
+    assert len(ts.get_workloads("rmsnorm_d128")) == 2 and not ts.load_errors
+    assert len(ts.missing_blobs) == 1
+    definition, uuid, why = ts.missing_blobs[0]
+    assert definition == "rmsnorm_d128" and "not found" in why
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "1 workload(s)" in warnings[0] and "git lfs pull" in warnings[0]
+    ts.save_dataset(tmp_path / "copy")
+    assert len(TraceSet.from_path(tmp_path / "copy").get_workloads("rmsnorm_d128")) == 2
+    assert len(TraceSet.from_path(dataset, check_blobs=False).missing_blobs) == 0  # not looked at
 
 
 def test_missing_dataset_folder(tmp_path):

@@ -99,6 +99,8 @@ class Benchmark:
     def __init__(self, trace_set, config: Optional[BenchmarkConfig] = None, *, persist: bool = True,
                  on_result: Optional[Callable] = None, on_start: Optional[Callable] = None):
         self.trace_set = trace_set
+        # Workloads whose safetensors inputs were not there at load: skipped, saying which file.
+        self._missing_blobs = {(d, u): why for d, u, why in getattr(trace_set, "missing_blobs", ())}
         self.config = config or BenchmarkConfig()
         self.persist = persist
         self.on_result = on_result
@@ -306,6 +308,11 @@ class Benchmark:
             if max_elements is not None and largest > max_elements:
                 for s in solutions:
                     self._emit(Skipped(definition.name, s.name, label, f"{largest} elements > max_elements {max_elements}"))
+                continue
+            missing = self._missing_blobs.get((definition.name, workload.uuid))
+            if missing is not None:
+                for s in solutions:
+                    self._emit(Skipped(definition.name, s.name, label, f"inputs not there: {missing}"))
                 continue
             try:
                 case = _Case.prepare(self, dev, definition, workload, settings)

@@ -10,7 +10,7 @@ from typing import Optional
 
 from ._io import iter_jsonl, read_json, read_model, schema_to_load_error
 from ._paths import dataset_files
-from .errors import (BlobError, DuplicateError, LoadError, SchemaError, UnknownDefinitionError,
+from .errors import (BlobError, DuplicateError, LoadError, MissingBlobError, SchemaError, UnknownDefinitionError,
                      UnknownSolutionError, WorkloadError)
 from .schema import Definition
 from .solution import Solution
@@ -41,6 +41,18 @@ class LoadingMixin:
                     self._load_object(Solution, relative, self.add_solution, strict)
                 else:
                     self._load_lines(relative, folder == "workloads", strict, check_blobs)
+
+    def _summarize_missing_blobs(self) -> None:
+        """One warning for every workload whose safetensors inputs are not there."""
+        if not self.missing_blobs:
+            return
+        definition, uuid, why = self.missing_blobs[0]
+        workloads = len({(d, u) for d, u, _ in self.missing_blobs})
+        where = self._json_file or self.root
+        logger.warning("%d workload(s) of %s refer to safetensors files that are not there; they are kept "
+                       "(saving and copying the dataset keep them) but cannot run until the files are "
+                       "fetched (for a git dataset: `git lfs pull` in %s). First: %s workload %s: %s",
+                       workloads, where, where, definition, uuid, why)
 
     def _load_object(self, model_cls, display: str, add, strict: bool) -> None:
         file = self.root / display
@@ -86,7 +98,11 @@ class LoadingMixin:
         try:
             if check_blobs and trace.definition in self.definitions:
                 self.definitions[trace.definition].check_workload(trace.workload)
-                self.check_blobs(trace)
+                try:
+                    self.check_blobs(trace)
+                except MissingBlobError as exc:
+                    # Kept (saving and copying keep the record); only running it needs the file.
+                    self.missing_blobs.append((trace.definition, trace.workload.uuid, str(exc)))
             if workloads:
                 self.add_workload(trace.definition, trace)
             else:

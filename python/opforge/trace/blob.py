@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence, Union
 from . import _io
 from ._paths import dataset_path, name_problem
 from .dtypes import DType
-from .errors import BlobError, DatasetPathError
+from .errors import BlobError, DatasetPathError, MissingBlobError
 from .workload import BLOB_SUFFIX, SafetensorsInput
 
 PathLike = Union[str, Path]
@@ -83,7 +83,7 @@ def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
     except BlobError as exc:
         raise BlobError(f"{prefix}{exc}") from None
     if not path.is_file():
-        raise BlobError(f"{prefix}safetensors file {spec.path} not found (looked at {path})")
+        raise MissingBlobError(f"{prefix}safetensors file {spec.path} not found (looked at {path})")
     try:
         header = read_safetensors_header(path)
     except (OSError, ValueError) as exc:

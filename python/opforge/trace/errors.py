@@ -107,6 +107,10 @@ class BlobError(ValueError):
     outside the dataset folder."""
 
 
+class MissingBlobError(BlobError):
+    """A safetensors blob a workload refers to is not there (e.g. kept outside git and not fetched)."""
+
+
 class DatasetPathError(ValueError):
     """A path that would take a read or write out of a dataset folder: absolute, with '..', or
     through a symbolic link below the dataset root."""

@@ -62,6 +62,8 @@ class TraceSet(LoadingMixin, SavingMixin):
         self.workloads: dict[str, list[Trace]] = {}
         self.traces: dict[str, list[Trace]] = {}
         self.load_errors: list[LoadError] = []
+        #: (definition, workload uuid, why) for workloads loaded whose safetensors inputs are missing.
+        self.missing_blobs: list[tuple[str, str, str]] = []
         self._solution_by_name: dict[str, Solution] = {}
         self._lines: list[Trace] = []  # workload and evaluated traces in the order added
         self._failed: dict[str, str] = {}  # definition/solution name -> file that failed to load
@@ -247,26 +249,26 @@ class TraceSet(LoadingMixin, SavingMixin):
 
     @classmethod
     def load(cls, path: PathLike, strict: bool = False, check_blobs: bool = True) -> "TraceSet":
-        """Load a dataset folder or a single .json file (see the module docstring)."""
+        """Load a dataset folder or a single .json file (see the module docstring). Bad files
+        and lines are reported in ``load_errors`` (and logged as warnings) and skipped;
+        ``strict=True`` raises the first as a LoadError. With ``check_blobs`` a workload whose
+        safetensors inputs are of the wrong shape or dtype counts as bad; one whose files are
+        missing is kept and listed in ``missing_blobs`` (one warning says how many), since only
+        running it needs them."""
         path = Path(path)
-        if path.is_dir():
-            return cls.from_path(path, strict=strict, check_blobs=check_blobs)
-        if not path.is_file():
-            raise FileNotFoundError(f"no TraceSet at {path}")
-        ts = cls(path.parent)
-        ts._json_file = path
-        ts._load_file(path, strict, check_blobs)
+        if path.is_file():
+            ts = cls(path.parent)
+            ts._json_file = path
+            ts._load_file(path, strict, check_blobs)
+        elif path.is_dir():
+            ts = cls(path)
+            ts._load_folder(strict, check_blobs)
+        else:
+            raise FileNotFoundError(f"no dataset folder or TraceSet .json file at {path}")
+        ts._summarize_missing_blobs()
         return ts
 
     @classmethod
     def from_path(cls, path: PathLike, strict: bool = False, check_blobs: bool = True) -> "TraceSet":
-        """Load a dataset folder. Bad files and lines are reported in ``load_errors`` (and
-        logged as warnings) and skipped; ``strict=True`` raises the first as a LoadError. With
-        ``check_blobs`` a workload whose safetensors inputs are missing or of the wrong shape
-        or dtype counts as bad."""
-        root = Path(path)
-        if not root.is_dir():
-            raise FileNotFoundError(f"dataset folder {root} does not exist")
-        ts = cls(root)
-        ts._load_folder(strict, check_blobs)
-        return ts
+        """The same as ``load`` (FlashInfer-Bench's name): a dataset folder or a .json file."""
+        return cls.load(path, strict=strict, check_blobs=check_blobs)
