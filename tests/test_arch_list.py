@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -12,6 +13,17 @@ import pytest
 MODULE = Path(__file__).resolve().parents[1] / "cmake" / "CudaArchList.cmake"
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not on PATH")
+
+
+@functools.lru_cache(maxsize=None)
+def cmake_binary() -> str:
+    """The cmake executable itself, as CMake names it (CMAKE_COMMAND): `cmake` on PATH may be a
+    wrapper script (pyenv shims, the cmake wheel's entry point) that needs PATH to find it, and
+    the test below runs cmake with PATH emptied."""
+    proc = subprocess.run([shutil.which("cmake"), "-P", "/dev/stdin"], input='message(STATUS "${CMAKE_COMMAND}")\n',
+                          capture_output=True, text=True, check=True)
+    line = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    return line.removeprefix("-- ").strip()
 
 
 def parse(value: str | None, tmp_path: Path, path_env: str | None = None) -> subprocess.CompletedProcess:
@@ -27,7 +39,7 @@ def parse(value: str | None, tmp_path: Path, path_env: str | None = None) -> sub
         env["CUDA_ARCH_LIST"] = value
     if path_env is not None:
         env["PATH"] = path_env
-    return subprocess.run([shutil.which("cmake"), "-P", str(script)], env=env, capture_output=True, text=True)
+    return subprocess.run([cmake_binary(), "-P", str(script)], env=env, capture_output=True, text=True)
 
 
 def result(proc: subprocess.CompletedProcess) -> tuple[str, list[str], list[str]]:
