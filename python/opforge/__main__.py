@@ -1,5 +1,6 @@
 """``python -m opforge``: what this build contains, and a self-check of every op on every device
-here against the plain-PyTorch reference (exit status 1 if any op disagrees)."""
+here against the plain-PyTorch reference (exit status 1 if any op disagrees); also
+``opforge selfcheck``. ``python -m opforge <command> ...`` runs the ``opforge`` command."""
 
 from __future__ import annotations
 
@@ -75,4 +76,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # `python -m opforge <command> ...` is the `opforge` command; alone, the self-check (also
+    # `opforge selfcheck`).
+    if len(sys.argv) > 1:
+        from opforge.cli import main as cli_main
+
+        sys.exit(cli_main(sys.argv[1:]))
     sys.exit(main())

@@ -4,6 +4,7 @@
     opforge report summary|best|html   what the recorded Traces say (tables, an HTML page with plots)
     opforge smoke [names...]    run solutions once against their Definitions' references
     opforge info                what this build contains
+    opforge selfcheck           every op on every device against its reference (also `python -m opforge`)
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main(argv=None) -> int:
     smoke.set_defaults(run=smoke_test.run)
     info = commands.add_parser("info", help="what this build of opforge contains")
     info.set_defaults(run=lambda args: print(json.dumps(__import__("opforge").build_info(), indent=2)) or 0)
+    selfcheck = commands.add_parser("selfcheck", help="check every op on every device against its reference")
+    selfcheck.set_defaults(run=lambda args: __import__("opforge.__main__", fromlist=["main"]).main())
     args = parser.parse_args(argv)
     return args.run(args)
 
