@@ -77,3 +77,50 @@ def test_bad_input_is_a_clear_message(tmp_path, capsys):
     (tmp_path / "bad.toml").write_text("[defaults]\niterations = 0\n")
     with pytest.raises(SystemExit, match="iterations"):
         main(["run", "--dataset", str(tmp_path / "ds"), "--config", str(tmp_path / "bad.toml")])
+
+
+def _public_dataset_without_solutions(root: Path) -> Path:
+    """FlashInfer-Trace's public rmsnorm_h4096 and fused_add_rmsnorm_h7168 Definitions with a
+    small workload each and no solution, as the public dataset ships some."""
+    public = Path(__file__).resolve().parents[1] / "trace" / "fixtures" / "public" / "definitions" / "rmsnorm"
+    ts = TraceSet(root)
+    from opforge.trace import Definition, RandomInput, Workload
+
+    for name in ("rmsnorm_h4096", "fused_add_rmsnorm_h7168"):
+        definition = Definition.from_dict(json.loads((public / f"{name}.json").read_text()))
+        ts.add_definition(definition)
+        ts.add_workload(name, Workload(uuid=f"{name}-w", axes={"batch_size": 3},
+                                       inputs={n: RandomInput() for n in definition.inputs}))
+    ts.save_dataset(root)
+    return root
+
+
+def test_no_solutions_says_why_and_builtin_offers_opforges_own(tmp_path, capsys):
+    root = _public_dataset_without_solutions(tmp_path / "public")
+    assert main(["run", "--dataset", str(root), *QUICK]) == 1
+    out = capsys.readouterr().out
+    assert "nothing to run: none of the 2 selected definition(s) with workloads has a solution" in out
+    assert "opforge has built-in solutions for 2 of them (fused_add_rmsnorm_h7168, rmsnorm_h4096)" in out
+    assert "--builtin" in out
+    assert main(["run", "--dataset", str(root), "--builtin", *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "added opforge's built-in solutions: fused_add_rmsnorm_h7168_builtin, rmsnorm_h4096_builtin" in out
+    ts = TraceSet.load(root)
+    # Judged by the dataset's own references (eps baked in): both pass, and the solutions stay.
+    for name in ("rmsnorm_h4096", "fused_add_rmsnorm_h7168"):
+        (trace,) = ts.get_traces(name)
+        assert trace.solution == f"{name}_builtin" and trace.is_successful(), trace.evaluation.log
+    # Again: nothing more to add, and with --resume nothing left to run is not an error.
+    assert main(["run", "--dataset", str(root), "--builtin", "--resume", *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "already has its built-in solution" in out and "traced already" in out
+
+
+def test_nothing_to_run_names_what_is_missing(tmp_path, capsys):
+    make_dataset(tmp_path / "ds", names={"honest"})
+    with pytest.raises(SystemExit, match="no definition named nope_h1"):
+        main(["run", "--dataset", str(tmp_path / "ds"), "--definitions", "nope_h1", *QUICK])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["run", "--dataset", str(empty), *QUICK]) == 1
+    assert "nothing to run: " in (out := capsys.readouterr().out) and "holds no definitions" in out, out

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="module or .py file registering solutions (imported only in the workers; repeatable)")
     parser.add_argument("--config", help="TOML or JSON settings file (see opforge.bench.config)")
     parser.add_argument("--resume", action="store_true", help="skip solution/workload pairs already traced")
+    parser.add_argument("--builtin", action="store_true",
+                        help="add opforge's own ops as solutions of the dataset's definitions whose names it knows "
+                        "(e.g. the public rmsnorm_h4096), saved into the dataset")
     parser.add_argument("--seed", type=int, help="seed of the inputs (default: random, recorded in each trace)")
     parser.add_argument("--baseline", help='solution to compare with ("builtin" by default; "none" for none)')
     parser.add_argument("--isolate", action="store_true", help="a fresh worker process for every solution and workload (every "
@@ -82,7 +85,14 @@ def open_dataset(args: argparse.Namespace):
     if target is not None and not target.exists():
         source = TraceSet.load(args.dataset) if args.dataset else load_builtin_trace_set()
         source.save(target)
-    return TraceSet.load(target if target is not None else args.dataset)
+    trace_set = TraceSet.load(target if target is not None else args.dataset)
+    if getattr(args, "builtin", False):
+        from .builtin_offer import add_builtin_solutions
+
+        added = add_builtin_solutions(trace_set, args.definitions)
+        print(f"added opforge's built-in solutions: {', '.join(added)}" if added else
+              "--builtin: every definition opforge knows here already has its built-in solution", flush=True)
+    return trace_set
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
                           "`opforge run --resume` with the same options goes on from there", soft_wrap=True)
             return 130
     items = bench.result.traces + bench.result.skipped
+    if not items:
+        from .builtin_offer import nothing_to_run
+
+        why, mistake = nothing_to_run(trace_set, args.definitions, args.solutions, config.modules, config.resume)
+        console.print(f"opforge run: nothing to run: {why}", soft_wrap=True, highlight=False)
+        return 1 if mistake else 0
     print_tables(None, display.results_tables(items))
     failed = [t for t in bench.result.traces if not t.is_successful()]
     suspect = [t for t in bench.result.traces if t.is_successful() and t.evaluation.performance.suspect]
