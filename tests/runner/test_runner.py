@@ -260,6 +260,28 @@ def test_recorded_inputs_from_safetensors(tmp_path):
     assert len(bench.result.skipped) == 1 and "shape" in bench.result.skipped[0].reason
 
 
+def test_a_solution_that_fails_to_build_is_built_once_per_run(tmp_path, monkeypatch):
+    """Every workload of a solution that does not compile gets the compile error, from one build
+    (a broken worker is not asked again per workload)."""
+    from opforge.bench import device as device_module
+
+    builds = []
+    real = device_module.Device.build
+    monkeypatch.setattr(device_module.Device, "build",
+                        lambda self, solution, *a, **k: builds.append(solution.name) or real(self, solution, *a, **k))
+    monkeypatch.setenv(CACHE_DIR_VAR, str(tmp_path / "cache"))
+    ts = make_dataset(tmp_path / "ds", names={"honest", "compile_error", "import_error"})
+    # Its worker dies while importing it: the worker restarts, the solution is not built again.
+    ts.add_solution(solution(f"{DEF}_dies_at_import", "import os\nos._exit(3)\n\ndef run(x, w):\n    return x * w\n"))
+    traces = Benchmark(ts, config(definitions=[DEF])).run_all()
+    words = {**LOG_WORDS, "dies_at_import": ["exit code 3"]}
+    for name in ("compile_error", "import_error", "dies_at_import"):
+        mine = [t for t in traces if t.solution == f"{DEF}_{name}"]
+        assert len(mine) == len(BATCHES) and all(t.evaluation.status.value == "COMPILE_ERROR" for t in mine)
+        assert all(words[name][0] in t.evaluation.log for t in mine), mine[0].evaluation.log
+        assert builds.count(f"{DEF}_{name}") == 1, builds
+
+
 def test_a_workload_whose_blob_is_not_there_is_skipped_saying_which_file(tmp_path):
     """A captured workload whose safetensors file was never fetched: loading keeps it, the run
     skips it for every solution (naming the file) and runs the rest, and the dataset keeps it."""

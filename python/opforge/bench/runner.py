@@ -101,6 +101,8 @@ class Benchmark:
         self.trace_set = trace_set
         # Workloads whose safetensors inputs were not there at load: skipped, saying which file.
         self._missing_blobs = {(d, u): why for d, u, why in getattr(trace_set, "missing_blobs", ())}
+        # (device, solution) -> (status or None for a skip, log) of a build that failed there.
+        self._build_failures: dict = {}
         self.config = config or BenchmarkConfig()
         self.persist = persist
         self.on_result = on_result
@@ -365,6 +367,13 @@ class Benchmark:
 
     def _evaluate(self, dev: Device, definition, solution, case: "_Case", settings: Settings):
         label = definition.workload_label(case.workload.axes)
+        # A solution that failed to build on this device is not built again for every workload:
+        # each of its workloads gets that first failure.
+        failed_build = self._build_failures.get((dev.device, solution.name))
+        if failed_build is not None:
+            status, log = failed_build
+            return Skipped(definition.name, solution.name, label, log) if status is None \
+                else case.trace(solution, dev, status, log)
         try:
             reply = dev.build(solution, definition, settings.build_timeout_s)
             ok = _reply_field(reply, "ok", bool)
@@ -372,13 +381,16 @@ class Benchmark:
                 kind, log = _reply_field(reply, "kind", str), _reply_field(reply, "log", str)
         except WorkerFailure as exc:
             status = S.TIMEOUT if exc.timed_out else S.COMPILE_ERROR
+            self._build_failures[(dev.device, solution.name)] = (status, _failure_log(exc, "build"))
             return case.trace(solution, dev, status, _failure_log(exc, "build"))
         except ValueError as exc:
             dev.retire(solution.name)
             return case.trace(solution, dev, S.RUNTIME_ERROR, f"build: {exc}")
         if not ok:
             if kind == "UNSUPPORTED":
+                self._build_failures[(dev.device, solution.name)] = (None, log)
                 return Skipped(definition.name, solution.name, label, log)
+            self._build_failures[(dev.device, solution.name)] = (S.COMPILE_ERROR, f"{kind}: {log}")
             return case.trace(solution, dev, S.COMPILE_ERROR, f"{kind}: {log}")
         try:
             correctness = case.check(dev, solution, None, settings, what="check")
