@@ -43,8 +43,12 @@ def mul_definition(name: str = "mul_h8", outputs=("y",)) -> Definition:
 
 
 def solution(name: str, sources, *, entry: str = "kernel.py::run", language: str = "python",
-             dps: bool = False, target=("cpu",), deps=(), binding=None, definition: str = "mul_h8") -> Solution:
-    """A Solution of ``definition``; ``sources`` is one text (kernel.py) or {path: text}."""
+             dps: bool = False, target=("cpu",), deps=(), binding=..., definition: str = "mul_h8") -> Solution:
+    """A Solution of ``definition``; ``sources`` is one text (kernel.py) or {path: text}.
+    ``binding``: by default "torch" for cpp / cuda (the sources here are torch extensions), none
+    for the others; None leaves it unset (then tvm-ffi, as in FlashInfer-Bench)."""
+    if binding is ...:
+        binding = "torch" if language in ("cpp", "cuda") else None
     if isinstance(sources, str):
         sources = {entry.split("::")[0]: sources}
     return Solution(

@@ -243,6 +243,21 @@ def test_tvm_ffi_cpp_destination_passing(tvm_ffi):
     assert build(sol, mul_definition(), "cpu").cache_hit is True
 
 
+def test_a_solution_without_a_binding_is_built_with_tvm_ffi(tvm_ffi):
+    """As FlashInfer-Bench reads it (its example CUDA solutions carry no binding field): the
+    TVM-FFI source builds and runs; the same source with binding "torch" does not compile as a
+    torch extension."""
+    unset = solution("tvm_unset", TVM_FFI_CPP_MUL, entry="kernel.cpp::run", language="cpp", dps=True, binding=None)
+    assert unset.spec.binding is None and "binding" in unset.to_dict()["spec"]
+    run = build(unset, mul_definition(), "cpu")
+    torch.testing.assert_close(run(X, W), X * W)
+    as_torch = solution("tvm_as_torch", TVM_FFI_CPP_MUL, entry="kernel.cpp::run", language="cpp", dps=True,
+                        binding="torch")
+    with pytest.raises(BuildError) as info:
+        build(as_torch, mul_definition(), "cpu")
+    assert info.value.kind in (COMPILE_ERROR, ENTRY_POINT_ERROR)
+
+
 def test_tvm_ffi_missing_symbol_and_compile_error(tvm_ffi):
     sol = solution("tvm_nosym", TVM_FFI_CPP_MUL.replace("EXPORT_TYPED_FUNC(run", "EXPORT_TYPED_FUNC(other"),
                    entry="kernel.cpp::run", language="cpp", dps=True, binding="tvm-ffi")

@@ -10,7 +10,7 @@ language               how it is built
 python, pytorch,       sources written to the build cache, entry file imported from there
 triton, tilelang,      (python.py)
 cutedsl
-cpp, cuda              compiled: binding "torch" (default) or "tvm-ffi" (native.py)
+cpp, cuda              compiled: binding "tvm-ffi" (also when unset) or "torch" (native.py)
 builtin                one of opforge's own ops through a small adapter (builtin.py)
 =====================  =================================================================
 """
@@ -55,9 +55,10 @@ def language_of(solution) -> str:
 
 
 def binding_of(solution) -> str:
-    """"torch" (also when unset) or "tvm-ffi" (also spelled "tvm_ffi")."""
+    """"tvm-ffi" (also spelled "tvm_ffi"; also when unset, as FlashInfer-Bench reads a missing
+    binding, so its CUDA solutions build unchanged) or "torch"."""
     binding = getattr(solution.spec, "binding", None)
-    binding = str(getattr(binding, "value", binding) or "torch").lower().replace("_", "-")
+    binding = str(getattr(binding, "value", binding) or "tvm-ffi").lower().replace("_", "-")
     if binding not in BINDINGS:
         raise BuildError(UNSUPPORTED, solution.name, f"binding {binding!r} is not one of {', '.join(BINDINGS)}")
     return binding

@@ -1,5 +1,6 @@
-"""Compiled languages: cpp and cuda, through torch's C++ extension loader (binding "torch", the
-default) or through TVM-FFI (binding "tvm-ffi", when apache-tvm-ffi is installed).
+"""Compiled languages: cpp and cuda, through TVM-FFI (binding "tvm-ffi", which a solution without
+a binding gets, as in FlashInfer-Bench; needs apache-tvm-ffi) or through torch's C++ extension
+loader (binding "torch").
 
 binding "torch": the sources are compiled with ``torch.utils.cpp_extension.load`` into the
 build cache (``with_cuda`` for language cuda). The entry symbol is either
