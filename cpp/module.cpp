@@ -9,6 +9,7 @@ void bind_runtime(nb::module_& m);
 void bind_norm(nb::module_& m);
 void bind_elementwise(nb::module_& m);
 void bind_nvfp4_gemv(nb::module_& m);
+void bind_paged_decode_attention(nb::module_& m);
 }  // namespace opforge
 
 NB_MODULE(_C, m) {
@@ -19,4 +20,5 @@ NB_MODULE(_C, m) {
   opforge::bind_norm(m);
   opforge::bind_elementwise(m);
   opforge::bind_nvfp4_gemv(m);
+  opforge::bind_paged_decode_attention(m);
 }

@@ -13,6 +13,7 @@ import opforge
 from opforge.ops.activation import act_and_mul_reference
 from opforge.ops import nvfp4_format
 from opforge.ops.norm import norm_reference
+from opforge.ops.paged_decode_attention import paged_decode_attention_torch
 from opforge.ops.scale import scale_reference
 
 _TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -36,6 +37,8 @@ def _cases(device: str, dtype: torch.dtype):
         yield f"{act}_and_mul", getattr(opforge, f"{act}_and_mul")(x), act_and_mul_reference(x, act)
     if dtype is torch.float16:  # NVFP4 operands, fp16 result: once per device
         yield "nvfp4_gemv", *_nvfp4_case(device, g)
+    if dtype is not torch.float32:
+        yield "paged_decode_attention", *_paged_decode_case(device, dtype, g)
 
 
 def _nvfp4_case(device: str, g: torch.Generator):
@@ -54,6 +57,30 @@ def _nvfp4_case(device: str, g: torch.Generator):
     b = task(nvfp4_format.encode_fp4(torch.randint(16, (1, k, l), device=device, generator=g)))
     scale_a, scale_b = scales(m), scales(1)
     return opforge.nvfp4_gemv(a, b, scale_a, scale_b), nvfp4_format.nvfp4_gemv_reference(a, b, scale_a, scale_b)
+
+
+def _paged_decode_case(device: str, dtype: torch.dtype, g: torch.Generator):
+    """GQA 8:2, pages of 16 in random order, requests of 37, 0, 300 and 1 tokens (partly filled
+    last pages) in a kv_indices buffer longer than they use (unused entries -1, as a serving
+    engine's preallocated one may hold), which makes the GPU plan split the tokens; out and lse
+    side by side (lse's -inf for the empty request as a large finite value on both sides)."""
+    lengths, page_size, num_pages = [37, 0, 300, 1], 16, 40
+    pages = [-(-n // page_size) for n in lengths]
+    indptr = torch.tensor([0] + torch.tensor(pages).cumsum(0).tolist(), dtype=torch.int32, device=device)
+    indices = torch.full((80,), -1, dtype=torch.int32, device=device)
+    indices[: sum(pages)] = torch.randperm(num_pages, device=device, generator=g)[: sum(pages)].int()
+    last = torch.tensor([n - (p - 1) * page_size if p else 1 for n, p in zip(lengths, pages)], dtype=torch.int32,
+                        device=device)
+    q = torch.randn(len(lengths), 8, 128, device=device, dtype=dtype, generator=g)
+    k, v = (torch.randn(num_pages, page_size, 2, 128, device=device, dtype=dtype, generator=g) for _ in range(2))
+    args = (q, k, v, indptr, indices, 0.1)
+    got = opforge.paged_decode_attention(*args, kv_last_page_len=last)
+    want = paged_decode_attention_torch(*args, kv_last_page_len=last)
+
+    def flat(out, lse):
+        return torch.cat([out.float().flatten(), torch.where(torch.isinf(lse), -1e4, lse).flatten()])
+
+    return flat(*got), flat(*want)
 
 
 def main() -> int:

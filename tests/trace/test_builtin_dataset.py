@@ -34,10 +34,13 @@ def test_builtin_dataset_loads_strictly_with_every_op():
             assert f"{prefix}_{abbrev}{size}" in names
     for m, k in builtin.NVFP4_GEMV_SHAPES:
         assert f"nvfp4_gemv_m{m}_k{k}" in names
+    for h, kv, d, ps in builtin.PAGED_DECODE_SHAPES:
+        for suffix in ("", "_f16"):
+            assert f"gqa_paged_decode_h{h}_kv{kv}_d{d}_ps{ps}{suffix}" in names
     for name, definition in trace_set.definitions.items():
         workloads = trace_set.get_workloads(name)
-        (axis,) = definition.var_axes
-        want = builtin.builtin_sizes(builtin.template_of(definition))[1]
-        assert sorted(w.workload.axes[axis] for w in workloads) == sorted(want)
+        want = builtin.builtin_workload_axes(definition)
+        key = lambda axes: sorted(axes.items())  # noqa: E731
+        assert sorted(map(key, (w.workload.axes for w in workloads))) == sorted(map(key, want))
         for w in workloads:
             definition.check_workload(w.workload)

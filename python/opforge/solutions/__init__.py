@@ -41,6 +41,22 @@ SHIPPED = {
                         "batches are too few to fill the GPU. Reads the plain scales.",
         ),
     ),
+    "gqa_paged_decode": (
+        ShippedKernel(
+            file="gqa_paged_decode_torch.py", entry="run", language="pytorch", suffix="torch",
+            description="Plain PyTorch, batched: every request's tokens gathered into a padded block, fp32 "
+                        "logits of each query head against its KV head in one matmul, masked softmax, one "
+                        "rounding. A checking baseline (not tuned), on CPU and GPU.",
+            destination_passing_style=False, target_hardware=("cpu", "cuda"),
+        ),
+        ShippedKernel(
+            file="gqa_paged_decode_triton.py", entry="run", language="triton", suffix="triton",
+            description="Triton paged GQA decode: one program per request, KV head and token slice, every query "
+                        "head of the KV head in one tensor-core tile (each KV row read once), pages looked up per "
+                        "block of 32 tokens, online softmax in fp32; splits merged in PyTorch.",
+            destination_passing_style=False,
+        ),
+    ),
 }
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import uuid
+import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -26,12 +28,46 @@ BATCH_SIZES = (1, 8, 64, 512, 8192)
 #: (DeepSeek-V3's router is 256 x 7168) and an M that is no multiple of 128 (gpt-oss's 2880).
 NVFP4_GEMV_SHAPES = ((7168, 16384), (4096, 7168), (7168, 2048), (128, 7168), (256, 7168), (2880, 4096))
 NVFP4_GEMV_BATCHES = (1, 4, 8)
+#: Paged GQA decode (num_qo_heads, num_kv_heads, head_dim, page_size): the FlashInfer-Trace names
+#: of Llama-3.1-8B (h32_kv8), Llama-3.1-70B and Qwen shards (h32_kv4, h16_kv2), Mixtral 8x22B
+#: (h48_kv8) and h24_kv8.
+PAGED_DECODE_SHAPES = ((32, 8, 128, 1), (32, 4, 128, 1), (32, 8, 128, 64), (32, 4, 128, 64), (16, 2, 128, 64),
+                       (24, 8, 128, 64), (48, 8, 128, 1))
+#: Their workloads: (batch, tokens per request on average). The runner cuts kv_indptr at random
+#: points, so lengths vary inside a batch and a request may be empty.
+PAGED_DECODE_MIXES = ((1, 512), (1, 8192), (8, 2048), (32, 1024), (64, 512), (128, 256))
 #: Per template (by name prefix) whose sizes are not HIDDEN_SIZES x BATCH_SIZES: the constant
-#: axes of its Definitions and the values of the variable axis of their workloads.
-SIZES = {"nvfp4_gemv": ([{"M": m, "K": k} for m, k in NVFP4_GEMV_SHAPES], NVFP4_GEMV_BATCHES)}
+#: axes of its Definitions and the values of the variable axis of their workloads (or, for
+#: templates in WORKLOAD_AXES, what that function turns into the variable axes).
+SIZES = {
+    "nvfp4_gemv": ([{"M": m, "K": k} for m, k in NVFP4_GEMV_SHAPES], NVFP4_GEMV_BATCHES),
+    "gqa_paged_decode": ([{"num_qo_heads": h, "num_kv_heads": kv, "head_dim": d, "page_size": ps}
+                          for h, kv, d, ps in PAGED_DECODE_SHAPES], PAGED_DECODE_MIXES),
+}
 DTYPE = "bfloat16"
+#: Templates with Definitions in more dtypes than DTYPE.
+DTYPES = {"gqa_paged_decode": ("bfloat16", "float16")}
 #: Values of the scalar inputs in the shipped workloads.
 SCALARS = {"eps": 1e-6, "factor": 0.5}
+
+
+def _paged_decode_axes(definition: Definition, mix: tuple) -> dict:
+    """A (batch, average tokens) mix as the variable axes: whole pages, in a pool a quarter
+    larger than the batch uses (the runner draws distinct pages from it, in random order)."""
+    batch, tokens = mix
+    pages = batch * tokens // definition.axes["page_size"].value
+    return {"batch_size": batch, "num_pages": pages + pages // 4 + 1, "len_indptr": batch + 1, "num_kv_indices": pages}
+
+
+#: Templates whose workloads have several variable axes: a function of the Definition and one
+#: entry of its sizes' workload list, giving the variable axes.
+WORKLOAD_AXES = {"gqa_paged_decode": _paged_decode_axes}
+
+
+def _scalar(definition: Definition, name: str) -> float:
+    if name == "sm_scale":
+        return 1.0 / math.sqrt(definition.axes["head_dim"].value)
+    return SCALARS[name]
 #: Workload uuids are derived from the definition and the axis values, so regenerating the
 #: dataset gives byte-identical files.
 _NAMESPACE = uuid.UUID("0b5c2f4e-8f1d-4c1e-9a57-6f7e2b1d3c90")
@@ -47,23 +83,34 @@ def builtin_sizes(template) -> tuple[list[dict], tuple]:
 
 
 def builtin_definitions() -> list[Definition]:
-    return [template.definition(dtype=DTYPE, **consts)
-            for template in TEMPLATES.values() for consts in builtin_sizes(template)[0]]
+    return [template.definition(dtype=dtype, **consts)
+            for template in TEMPLATES.values() for dtype in DTYPES.get(template.name_prefix, (DTYPE,))
+            for consts in builtin_sizes(template)[0]]
+
+
+def builtin_workload_axes(definition: Definition) -> list[dict]:
+    """The variable axes of each of the built-in workloads of ``definition``."""
+    template = template_of(definition)
+    values = builtin_sizes(template)[1] if template is not None else BATCH_SIZES
+    to_axes = WORKLOAD_AXES.get(template.name_prefix) if template is not None else None
+    if to_axes is not None:
+        return [to_axes(definition, value) for value in values]
+    (axis,) = definition.var_axes  # the other built-in Definitions have one variable axis
+    return [{axis: value} for value in values]
 
 
 def builtin_workloads(definition: Definition) -> list[Workload]:
-    (axis,) = definition.var_axes  # every built-in Definition has one variable axis
-    template = template_of(definition)
     workloads = []
-    for value in builtin_sizes(template)[1] if template is not None else BATCH_SIZES:
+    for axes in builtin_workload_axes(definition):
         inputs = {
-            name: ScalarInput(value=SCALARS[name]) if spec.shape is None else RandomInput()
+            name: ScalarInput(value=_scalar(definition, name)) if spec.shape is None else RandomInput()
             for name, spec in definition.inputs.items()
         }
-        key = f"{definition.name}/{axis}={value}"
-        workloads.append(
-            Workload(uuid=str(uuid.uuid5(_NAMESPACE, key)), axes={axis: value}, inputs=inputs, seed=value)
-        )
+        label = ",".join(f"{axis}={value}" for axis, value in axes.items())
+        key = f"{definition.name}/{label}"
+        # One variable axis: its value is the seed (as the shipped files have it).
+        seed = next(iter(axes.values())) if len(axes) == 1 else zlib.crc32(key.encode()) & 0x7FFFFFFF
+        workloads.append(Workload(uuid=str(uuid.uuid5(_NAMESPACE, key)), axes=axes, inputs=inputs, seed=seed))
     return workloads
 
 
@@ -115,7 +162,8 @@ def builtin_solution_for(definition: Definition):
     # What the op returns, in order; None drops a value the Definition has no output for (the
     # public fused-add names have no residual_out).
     outputs = [key if key in definition.outputs else None for key in template.outputs]
-    return builtin_solution(definition, template.name_prefix, inputs=inputs or None, constants=constants or None,
+    # The op by its own name (the name prefix of gqa_paged_decode_* is FlashInfer-Trace's, not the op's).
+    return builtin_solution(definition, template.op.__name__, inputs=inputs or None, constants=constants or None,
                             outputs=outputs)
 
 

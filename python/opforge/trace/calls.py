@@ -14,6 +14,7 @@ no public name exists (eps an input), ``_f16`` / ``_f32`` appended for other dty
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -200,6 +201,57 @@ def _nvfp4_site(a) -> Optional[tuple]:
     return name, (name, l), {"L": l}, False
 
 
+class _PagedDecodeCall(OpCall):
+    __slots__ = ()
+    params = ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale", "kv_last_page_len", "out", "lse")
+
+    def _make_inputs(self) -> dict:
+        q, k_cache = self.arg(0), self.arg(1)
+        inputs = {"q": q, "k_cache": k_cache, "v_cache": self.arg(2), "kv_indptr": self.arg(3),
+                  "kv_indices": self.arg(4)}
+        page_size = k_cache.shape[1]
+        if page_size > 1:  # the Definition always has it; the op's None means full last pages
+            last = self.arg(6)
+            inputs["kv_last_page_len"] = last if last is not None else torch.full(
+                (q.shape[0],), page_size, dtype=torch.int32, device=q.device)
+        scale = self.arg(5)
+        inputs["sm_scale"] = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        return inputs
+
+    def finish(self, results):
+        out, lse = results[0], results[1]
+        return _written(self.arg(7), out, out.shape), _written(self.arg(8), lse, lse.shape)
+
+
+#: (dtype, num_qo_heads, num_kv_heads, head_dim, page_size) -> Definition name.
+_PAGED_NAMES: dict[tuple, str] = {}
+
+
+def _paged_decode_site(args: tuple, kwargs: dict) -> Optional[tuple]:
+    """The site of a paged_decode_attention call: gqa_paged_decode_h{H}_kv{KV}_d{D}_ps{PS}, from
+    the shapes alone (no synchronisation; num_kv_indices is kv_indices' length, which the
+    Definition's constraint equates with kv_indptr[-1], as FlashInfer's API has it)."""
+    q, k_cache, _, kv_indptr, kv_indices = (args[i] if len(args) > i else kwargs.get(_PagedDecodeCall.params[i])
+                                            for i in range(5))
+    if not (isinstance(q, _Tensor) and isinstance(k_cache, _Tensor) and isinstance(kv_indptr, _Tensor)
+            and isinstance(kv_indices, _Tensor) and q.dim() == 3 and k_cache.dim() == 4 and kv_indptr.dim() == 1
+            and kv_indices.dim() == 1 and q.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    key = (q.dtype, q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1])
+    name = _PAGED_NAMES.get(key)
+    if name is None:
+        dtype, hq, hkv, head_dim, page_size = key
+        if hkv < 1 or hq % hkv or not hq or not page_size:
+            return None  # the op refuses it
+        consts = {"num_qo_heads": hq, "num_kv_heads": hkv, "head_dim": head_dim, "page_size": page_size}
+        name = TEMPLATES["gqa_paged_decode"].name(_DTYPES[dtype], **consts)
+        _SEEN.setdefault(name, ("gqa_paged_decode", {"dtype": _DTYPES[dtype], **consts}))
+        _PAGED_NAMES[key] = name
+    axes = {"batch_size": q.shape[0], "num_pages": k_cache.shape[0], "len_indptr": kv_indptr.shape[0],
+            "num_kv_indices": kv_indices.shape[0]}
+    return name, (name, *axes.values()), axes, False
+
+
 _FP4 = getattr(torch, "float4_e2m1fn_x2", None)
 DEFAULT_EPS = 1e-6  # the norms' default, as in ops/norm.py
 _NO_SITE = (None,)
@@ -246,6 +298,7 @@ _KINDS: dict[str, tuple] = {
     "gelu_tanh_and_mul": (_ActCall, None),
     "scale": (_ScaleCall, 1),
     "nvfp4_gemv": (_Nvfp4Call, None),
+    "paged_decode_attention": (_PagedDecodeCall, None),
 }
 #: (op, shape, dtype, eps or factor) -> site, or _NO_SITE: the shapes of a model repeat, so a
 #: call is bound by one dict lookup. Bounded: cleared when it grows past _MAX_SITES.
@@ -261,6 +314,9 @@ def bind_call(op: str, args: tuple, kwargs: dict) -> Optional[OpCall]:
     if kind is None:
         return None
     cls, at = kind
+    if cls is _PagedDecodeCall:  # its Definition depends on several tensors: bound per call
+        site = _paged_decode_site(args, kwargs)
+        return None if site is None else cls(op, site, args, kwargs)
     x = args[0] if args else kwargs.get(cls.params[0])
     if at is None:
         scalar = None

@@ -6,11 +6,11 @@ from typing import Optional
 
 from ..schema import Definition
 from ..template import DTYPE_SUFFIX
-from . import activation, norm, nvfp4, scale
+from . import activation, norm, nvfp4, paged_decode_attention, scale
 
 #: Every built-in template, by name prefix.
 TEMPLATES = {t.name_prefix: t for t in (*norm.TEMPLATES, *activation.TEMPLATES, *scale.TEMPLATES,
-                                        *nvfp4.TEMPLATES)}
+                                        *nvfp4.TEMPLATES, *paged_decode_attention.TEMPLATES)}
 
 
 def named_axes(template) -> list[str]:
@@ -22,7 +22,8 @@ def named_axes(template) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def definition_for_name(name: str) -> Optional[Definition]:
     """The Definition the op templates make under ``name`` (``rmsnorm_h64``,
-    ``fused_add_rmsnorm_h4096_eps_f16``, ``silu_and_mul_d96``, ``nvfp4_gemv_m4096_k7168``), or
+    ``fused_add_rmsnorm_h4096_eps_f16``, ``silu_and_mul_d96``, ``nvfp4_gemv_m4096_k7168``,
+    ``gqa_paged_decode_h32_kv8_d128_ps1``), or
     None when no built-in op call is ever named so. Cached and shared: copy it (``model_copy``)
     before changing it."""
     for prefix in sorted(TEMPLATES, key=len, reverse=True):  # gemma_rmsnorm before rmsnorm

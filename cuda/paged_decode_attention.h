@@ -1,0 +1,125 @@
+// Paged GQA decode attention: launcher interface (plain C++; the kernels live in
+// paged_decode_attention.cu) and the launch plan as inline C++, so that it can be inspected and
+// tested without a GPU (opforge._C.paged_decode_attention_plan exposes it).
+//
+// One query token per request b attends to that request's KV cache, stored in pages:
+//
+//   pages of b:  kv_indices[kv_indptr[b] .. kv_indptr[b + 1])           (page ids into the caches)
+//   tokens of b: every page full (page_size tokens) except the last, which holds
+//                kv_last_page_len[b] (page_size when no such array is given)
+//   s_t  = sm_scale * q[b, hq] . k_cache[page(t), slot(t), hq / G]      (G = num_qo_heads / num_kv_heads)
+//   out[b, hq] = sum_t softmax(s)_t v_cache[page(t), slot(t), hq / G]
+//   lse[b, hq] = log2(sum_t exp(s_t))                                   (base 2, as FlashInfer-Trace)
+//
+// A request without pages gives out = 0, lse = -inf.
+#pragma once
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace opforge::cuda {
+
+// Strides are in elements; the head dimension is contiguous in q, the caches and out.
+struct PagedDecodeParams {
+  void* out = nullptr;                           // [batch, num_qo_heads, head_dim], q's dtype
+  float* lse = nullptr;                          // [batch, num_qo_heads]
+  const void* q = nullptr;                       // [batch, num_qo_heads, head_dim]
+  const void* k_cache = nullptr;                 // [num_pages, page_size, num_kv_heads, head_dim]
+  const void* v_cache = nullptr;                 // same shape as k_cache
+  const int32_t* kv_indptr = nullptr;            // [batch + 1]
+  const int32_t* kv_indices = nullptr;           // [num_indices]
+  const int32_t* kv_last_page_len = nullptr;     // [batch], or null: every last page is full
+  float* workspace = nullptr;                    // split partials (paged_decode_workspace_elems)
+  DType dtype = DType::kBFloat16;                // of q, the caches and out (fp16 or bf16)
+  int64_t batch = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t num_pages = 0, page_size = 0, num_indices = 0;
+  int64_t q_stride_b = 0, q_stride_h = 0;
+  int64_t k_stride_page = 0, k_stride_slot = 0, k_stride_head = 0;
+  int64_t v_stride_page = 0, v_stride_slot = 0, v_stride_head = 0;
+  int64_t out_stride_b = 0, out_stride_h = 0;
+  int64_t lse_stride_b = 0, lse_stride_h = 0;
+  float sm_scale = 0.f;
+};
+
+// A CTA computes one task: the query heads of one KV head (up to kPagedDecodeRows of them: the
+// rows of one tensor-core tile) of one request over one slice of its tokens, reading each K and
+// V row of that slice once for all of those heads. It is one warp per 128 head dims (two for
+// head_dim 256).
+constexpr int kPagedDecodeRows = 16;
+constexpr int paged_decode_warps(int64_t head_dim) { return head_dim > 128 ? static_cast<int>(head_dim / 128) : 1; }
+// Tokens per step of the main loop: one 16-deep k-step of the P.V product.
+constexpr int kPagedDecodeStep = 16;
+// Warps resident per SM that the plan counts on (a warp holds about 210 registers per thread
+// at 128 dims, so 9 fit; the launch bounds ask for 8).
+constexpr int kPagedDecodeWarpsPerSm = 8;
+// A split keeps at least this many tokens of an average request (4 steps): below that the
+// second kernel and the partials' traffic cost more than the parallelism gains.
+constexpr int64_t kPagedDecodeMinSplitTokens = 64;
+constexpr int kPagedDecodeMaxSplits = 128;
+
+// How the work is cut: head_chunks = ceil(G / 16) tasks per KV head (more than 16 query heads
+// per KV head read the KV rows once per chunk), `splits` slices of every request's tokens
+// (equal slices of whole steps; a slice past a short request's end is empty), `ctas` tasks in
+// all (one CTA each). splits > 1 writes normalised partial outputs and their lse to the
+// workspace, which a second kernel merges.
+struct PagedDecodePlan {
+  int head_chunks = 0;  // 0: no valid plan
+  int splits = 0;
+  int64_t ctas = 0;
+};
+
+inline int64_t paged_decode_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Completes a plan from its one choice; head_chunks = 0 when `splits` is out of range.
+inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads, int splits) {
+  PagedDecodePlan p;
+  if (splits < 1 || splits > kPagedDecodeMaxSplits || num_kv_heads < 1 || num_qo_heads % num_kv_heads != 0) return p;
+  const int64_t group = num_qo_heads / num_kv_heads;
+  p.head_chunks = static_cast<int>(group == 0 ? 1 : paged_decode_cdiv(group, kPagedDecodeRows));
+  p.splits = splits;
+  p.ctas = batch * num_kv_heads * p.head_chunks * splits;
+  return p;
+}
+
+// The plan for a call on a GPU with `sms` multiprocessors, from the shapes alone (the lengths
+// live on the GPU; reading them would cost a synchronisation): `tokens` is num_indices *
+// page_size, an upper bound of the tokens in the batch (kv_indices may be a larger buffer).
+// 1. Without a split there are batch * num_kv_heads * head_chunks tasks; a wave of resident
+//    CTAs is sms * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim). Splits are added until
+//    the tasks make two waves (the second evens out requests of unequal lengths),
+// 2. but not below kPagedDecodeMinSplitTokens tokens per split of an average request, nor past
+//    kPagedDecodeMaxSplits.
+// Examples on 132 SMs (waves of 1056 CTAs), h32_kv8: batch 128 x 2048 tokens -> 3 splits;
+// batch 32 -> 9; batch 1 x 32768 -> 128; batch 1 x 512 -> 8 (64 tokens each).
+inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
+                                                int64_t head_dim, int64_t tokens, int sms) {
+  PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, 1);
+  if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
+  const int64_t goal = 2 * int64_t(sms) * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim);
+  int64_t splits = paged_decode_cdiv(goal, one.ctas);
+  const int64_t by_length = paged_decode_cdiv(tokens, batch) / kPagedDecodeMinSplitTokens;
+  if (splits > by_length) splits = by_length;
+  if (splits > kPagedDecodeMaxSplits) splits = kPagedDecodeMaxSplits;
+  if (splits < 1) splits = 1;
+  return paged_decode_plan(batch, num_qo_heads, num_kv_heads, static_cast<int>(splits));
+}
+
+// fp32 elements of workspace a plan needs: a normalised output row and its lse per split and
+// query head (0 without a split).
+inline int64_t paged_decode_workspace_elems(const PagedDecodePlan& plan, int64_t batch, int64_t num_qo_heads,
+                                            int64_t head_dim) {
+  return plan.splits > 1 ? int64_t(plan.splits) * batch * num_qo_heads * (head_dim + 1) : 0;
+}
+
+// Head dimensions the kernels are compiled for.
+inline bool paged_decode_head_dim_supported(int64_t head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+// Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).
+// Every row of q, the caches and out must start on 16 bytes. A request whose layout is invalid
+// (kv_indptr decreasing or past num_indices, a last page length outside [1, page_size], a page
+// id outside [0, num_pages)) gets NaN in out and lse rather than a read out of bounds.
+int launch_paged_decode_attention(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, void* stream);
+
+}  // namespace opforge::cuda

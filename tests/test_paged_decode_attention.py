@@ -1,0 +1,784 @@
+"""paged_decode_attention (GQA decode over a paged KV cache) and its forge Definitions.
+
+Random inputs come from a fresh seed per test run (reported in every failure; set
+OPFORGE_TEST_SEED to replay one): random lengths (empty requests, single tokens, page
+boundaries, partly filled last pages), pages in random order out of a larger pool, head
+configurations from Llama / Mixtral and tensor-parallel shards (h5_kv1, h20_kv4) to more than 16
+query heads per KV head. Results are compared with an fp64 reference computed here from the same
+inputs. CPU: fp32 math then one rounding, so the output is within the dtype's rounding
+(conftest.TOLERANCES) and lse (fp32) within 2e-4. CUDA: the probabilities are rounded to the
+input dtype for the tensor-core P.V product, so the output gets a few ulps of the dtype relative
+to its largest magnitude (2e-2 bf16, 4e-3 fp16) and lse (fp32 sums of exact products) 1e-3.
+Outputs start NaN-poisoned: an element left unwritten fails. A request without pages must give
+exactly zeros and lse = -inf.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import opforge
+from opforge import _C
+from conftest import DEVICES, TOLERANCES, assert_close
+
+LN2 = math.log(2.0)
+devices = pytest.mark.parametrize("device", DEVICES)
+dtypes = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+trials = pytest.mark.parametrize("trial", range(3))  # a fresh seed each
+
+#: (num_qo_heads, num_kv_heads, head_dim, page_size): the seven built-in Definitions, shards,
+#: G = 1, G = 20 (two 16-head chunks), every head_dim, odd page sizes.
+CONFIGS = [(32, 8, 128, 1), (32, 4, 128, 1), (32, 8, 128, 64), (32, 4, 128, 64), (16, 2, 128, 64),
+           (24, 8, 128, 64), (48, 8, 128, 1), (5, 1, 128, 1), (20, 4, 128, 16), (6, 1, 64, 3), (8, 8, 256, 2),
+           (40, 2, 64, 7), (12, 3, 256, 1)]
+
+
+@pytest.fixture
+def seed() -> int:
+    fixed = os.environ.get("OPFORGE_TEST_SEED")
+    return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
+
+
+def replay(seed: int) -> str:
+    return f"seed {seed} (replay with OPFORGE_TEST_SEED={seed})"
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def random_lengths(gen: torch.Generator, batch: int, page_size: int, longest: int) -> list[int]:
+    """A mix: empty requests, single tokens, whole pages, random lengths up to ``longest``."""
+    kinds = torch.randint(0, 5, (batch,), generator=gen).tolist()
+    lengths = []
+    for kind in kinds:
+        if kind == 0:
+            lengths.append(0)
+        elif kind == 1:
+            lengths.append(1)
+        elif kind == 2:
+            lengths.append(page_size * int(torch.randint(1, max(longest // page_size, 1) + 1, (), generator=gen)))
+        else:
+            lengths.append(int(torch.randint(1, longest + 1, (), generator=gen)))
+    return lengths
+
+
+class Problem:
+    """One call's inputs (CPU tensors, moved by ``args``) and their fp64 reference."""
+
+    def __init__(self, gen, lengths, num_qo_heads, num_kv_heads, head_dim, page_size, dtype, spare_pages=3,
+                 sm_scale=None, last_len=True, index_slack=0):
+        self.lengths, self.page_size = lengths, page_size
+        pages = [-(-n // page_size) for n in lengths]
+        total = sum(pages)
+        self.num_pages = total + spare_pages
+        offsets = [0]
+        for p in pages:
+            offsets.append(offsets[-1] + p)
+        self.kv_indptr = torch.tensor(offsets, dtype=torch.int32)
+        # Distinct pages in random order; entries past kv_indptr[-1] are never read.
+        used = torch.randperm(self.num_pages, generator=gen)[:total].int()
+        self.kv_indices = torch.cat([used, torch.full((index_slack,), -7, dtype=torch.int32)])
+        # The last page's valid tokens; an empty request's entry is never read.
+        tails = [n - (p - 1) * page_size if p else 0 for n, p in zip(lengths, pages)]
+        if not last_len:
+            assert all(t in (0, page_size) for t in tails)
+        self.kv_last_page_len = torch.tensor(tails, dtype=torch.int32) if last_len else None
+        batch = len(lengths)
+        self.q = torch.randn(batch, num_qo_heads, head_dim, generator=gen).to(dtype)
+        shape = (self.num_pages, page_size, num_kv_heads, head_dim)
+        self.k_cache = torch.randn(shape, generator=gen).to(dtype)
+        self.v_cache = torch.randn(shape, generator=gen).to(dtype)
+        self.sm_scale = sm_scale
+
+    def args(self, device="cpu") -> tuple:
+        return (self.q.to(device), self.k_cache.to(device), self.v_cache.to(device), self.kv_indptr.to(device),
+                self.kv_indices.to(device))
+
+    def kwargs(self, device="cpu") -> dict:
+        kw = {"sm_scale": self.sm_scale}
+        if self.kv_last_page_len is not None:
+            kw["kv_last_page_len"] = self.kv_last_page_len.to(device)
+        return kw
+
+    def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out, lse) in float64: per request, its tokens' logits, softmax, base-2 lse."""
+        q, k, v = self.q.double(), self.k_cache.double(), self.v_cache.double()
+        batch, num_qo_heads, head_dim = q.shape
+        num_kv_heads = k.shape[2]
+        group = num_qo_heads // num_kv_heads
+        scale = self.sm_scale if self.sm_scale is not None else 1 / math.sqrt(head_dim)
+        out = torch.zeros(batch, num_qo_heads, head_dim, dtype=torch.float64)
+        lse = torch.full((batch, num_qo_heads), -math.inf, dtype=torch.float64)
+        offsets = self.kv_indptr.tolist()
+        for b, n in enumerate(self.lengths):
+            if not n:
+                continue
+            pages = self.kv_indices[offsets[b]:offsets[b + 1]].long()
+            kk = k[pages].reshape(-1, num_kv_heads, head_dim)[:n]
+            vv = v[pages].reshape(-1, num_kv_heads, head_dim)[:n]
+            logits = torch.einsum("hgd,thd->hgt", q[b].view(num_kv_heads, group, head_dim), kk) * scale
+            lse[b] = (torch.logsumexp(logits, dim=-1) / LN2).reshape(num_qo_heads)
+            out[b] = torch.einsum("hgt,thd->hgd", torch.softmax(logits, dim=-1), vv).reshape(num_qo_heads, head_dim)
+        return out, lse
+
+
+def random_problem(gen, config, dtype, batch=None, longest=None, **kw) -> Problem:
+    num_qo_heads, num_kv_heads, head_dim, page_size = config
+    batch = batch if batch is not None else int(torch.randint(1, 7, (), generator=gen))
+    longest = longest if longest is not None else 3 * page_size + int(torch.randint(1, 200, (), generator=gen))
+    return Problem(gen, random_lengths(gen, batch, page_size, longest), num_qo_heads, num_kv_heads, head_dim,
+                   page_size, dtype, **kw)
+
+
+def poisoned_outputs(problem: Problem, device, layout="contiguous") -> tuple[torch.Tensor, torch.Tensor]:
+    batch, num_qo_heads, head_dim = problem.q.shape
+    nan = float("nan")
+    if layout == "contiguous":
+        out = torch.full((batch, num_qo_heads, head_dim), nan, dtype=problem.q.dtype, device=device)
+        lse = torch.full((batch, num_qo_heads), nan, device=device)
+    else:  # strided views inside wider buffers (rows still 16-byte aligned), lse transposed
+        out = torch.full((batch, num_qo_heads + 1, head_dim + 8), nan, dtype=problem.q.dtype, device=device)
+        out = out[:, 1:, :head_dim]
+        lse = torch.full((num_qo_heads, batch), nan, device=device).t()
+    return out, lse
+
+
+def check(got: tuple, problem: Problem, device: str, seed: int, what: str = ""):
+    """The tolerances of the module doc; exact zeros and -inf for empty requests."""
+    out, lse = got
+    ref_out, ref_lse = problem.reference()
+    tag = f"{what} {replay(seed)}"
+    empty = torch.tensor([n == 0 for n in problem.lengths])
+    if empty.any():
+        assert torch.equal(out[empty.to(out.device)].cpu().float(), torch.zeros_like(ref_out[empty]).float()), \
+            f"empty requests: output not zero; {tag}"
+        assert torch.isneginf(lse[empty.to(lse.device)].cpu()).all(), f"empty requests: lse not -inf; {tag}"
+    dtype = out.dtype
+    if device == "cpu":
+        rtol, atol = TOLERANCES[dtype]
+        assert_close(out.cpu(), ref_out, dtype=dtype, rtol=rtol, atol=atol, what=f"out {tag}")
+        assert_close(lse.cpu(), ref_lse, dtype=torch.float32, rtol=1e-5, atol=2e-4, what=f"lse {tag}")
+    else:
+        tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+        scale = float(ref_out.abs().max()) if ref_out.numel() else 0.0
+        assert_close(out.cpu(), ref_out, dtype=dtype, rtol=tol, atol=tol * scale, what=f"out {tag}")
+        assert_close(lse.cpu(), ref_lse, dtype=torch.float32, rtol=1e-4, atol=1e-3, what=f"lse {tag}")
+
+
+def run(problem: Problem, device, layout="contiguous", **kw) -> tuple:
+    out, lse = poisoned_outputs(problem, device, layout)
+    got = opforge.paged_decode_attention(*problem.args(device), **problem.kwargs(device), out=out, lse=lse, **kw)
+    assert got[0] is out and got[1] is lse
+    return got
+
+
+BACKENDS = [pytest.param("cpu", "cpu", id="cpu"), pytest.param("cpu", "torch", id="torch"),
+            pytest.param("cuda", "cuda", id="cuda", marks=pytest.mark.gpu),
+            pytest.param("cuda", "torch", id="cuda-torch", marks=pytest.mark.gpu)]
+backends = pytest.mark.parametrize("device, backend", BACKENDS)
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+@backends
+@dtypes
+@trials
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
+def test_matches_reference(seed, trial, device, backend, dtype, config):
+    problem = random_problem(torch.Generator().manual_seed(seed), config, dtype)
+    check(run(problem, device, backend=backend), problem, device, seed, f"{config} {problem.lengths}")
+
+
+@backends
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_out_and_lse_buffers_are_written_in_place(seed, device, backend, layout):
+    problem = random_problem(torch.Generator().manual_seed(seed), (32, 8, 128, 16), torch.bfloat16)
+    out, lse = run(problem, device, layout, backend=backend)
+    check((out, lse), problem, device, seed)
+    base = out._base if out._base is not None else out
+    assert torch.isnan(base[:, :1]).all() or layout == "contiguous", "a padding row of out was written"
+
+
+@devices
+def test_one_output_given(seed, device):
+    problem = random_problem(torch.Generator().manual_seed(seed), (8, 2, 64, 4), torch.float16)
+    out, _ = poisoned_outputs(problem, device)
+    got_out, got_lse = opforge.paged_decode_attention(*problem.args(device), **problem.kwargs(device), out=out)
+    assert got_out is out and got_lse.dtype == torch.float32 and got_lse.shape == problem.q.shape[:2]
+    _, lse = poisoned_outputs(problem, device)
+    got = opforge.paged_decode_attention(*problem.args(device), **problem.kwargs(device), lse=lse)
+    assert got[1] is lse and got[0].is_contiguous()
+    check(got, problem, device, seed)
+
+
+@devices
+def test_strided_inputs(seed, device):
+    """k_cache and v_cache as the two halves of one [pages, 2, page_size, kv heads, head_dim]
+    buffer, q as the first heads of a fused qkv projection: used as they are."""
+    gen = torch.Generator().manual_seed(seed)
+    problem = random_problem(gen, (16, 4, 128, 8), torch.bfloat16)
+    q, k, v, indptr, indices = problem.args(device)
+    kv = torch.stack([k, v], dim=1)
+    qkv = torch.cat([q, torch.randn(q.shape[0], 8, q.shape[2], generator=gen).to(q.dtype).to(device)], dim=1)
+    got = opforge.paged_decode_attention(qkv[:, :16], kv[:, 0], kv[:, 1], indptr, indices, **problem.kwargs(device))
+    check(got, problem, device, seed)
+
+
+@devices
+def test_defaults(seed, device):
+    """sm_scale None is 1 / sqrt(head_dim); kv_last_page_len None is every page full, and page
+    size 1 needs none."""
+    gen = torch.Generator().manual_seed(seed)
+    full = Problem(gen, [32, 0, 96, 16], 8, 2, 128, 16, torch.bfloat16, last_len=False)
+    check(opforge.paged_decode_attention(*full.args(device)), full, device, seed, "full pages")
+    ones = Problem(gen, [5, 0, 9], 8, 2, 64, 1, torch.float16)
+    check(opforge.paged_decode_attention(*ones.args(device)), ones, device, seed, "page size 1")
+    check(opforge.paged_decode_attention(*ones.args(device), kv_last_page_len=ones.kv_last_page_len.to(device)),
+          ones, device, seed, "page size 1 with ones")
+
+
+@devices
+def test_layout_within_larger_buffers(seed, device):
+    """kv_indices longer than kv_indptr[-1] (a serving engine's buffer, garbage past the end) and
+    kv_indptr not starting at 0."""
+    gen = torch.Generator().manual_seed(seed)
+    problem = Problem(gen, [40, 7, 0, 130], 16, 4, 128, 16, torch.bfloat16, index_slack=9, sm_scale=0.3)
+    problem.kv_indices = torch.cat([torch.tensor([-5, 10**6], dtype=torch.int32), problem.kv_indices])
+    problem.kv_indptr += 2
+    check(run(problem, device), problem, device, seed)
+
+
+@devices
+@dtypes
+def test_only_empty_requests(device, dtype):
+    problem = Problem(torch.Generator().manual_seed(0), [0, 0, 0], 8, 2, 128, 4, dtype)
+    out, lse = run(problem, device)
+    assert torch.equal(out.cpu(), torch.zeros_like(out.cpu())) and torch.isneginf(lse).all()
+    none = Problem(torch.Generator().manual_seed(0), [], 8, 2, 128, 4, dtype)
+    out, lse = opforge.paged_decode_attention(*none.args(device))
+    assert out.shape == (0, 8, 128) and lse.shape == (0, 8)
+
+
+@devices
+def test_extreme_logits(seed, device):
+    """Logits of +-400 (sm_scale 25 on unit vectors): the softmax stays finite, lse exact."""
+    gen = torch.Generator().manual_seed(seed)
+    problem = Problem(gen, [200, 3, 64], 8, 1, 64, 16, torch.float16, sm_scale=25.0)
+    problem.q = torch.nn.functional.normalize(problem.q.float(), dim=-1).to(torch.float16)
+    problem.k_cache = torch.nn.functional.normalize(problem.k_cache.float(), dim=-1).to(torch.float16)
+    check(run(problem, device), problem, device, seed)
+
+
+def test_backends_agree(seed):
+    problem = random_problem(torch.Generator().manual_seed(seed), (24, 8, 128, 64), torch.bfloat16)
+    cpu = opforge.paged_decode_attention(*problem.args(), **problem.kwargs(), backend="cpu")
+    formula = opforge.paged_decode_attention(*problem.args(), **problem.kwargs(), backend="torch")
+    assert torch.allclose(cpu[0].float(), formula[0].float(), rtol=1e-2, atol=1e-2), replay(seed)
+    assert torch.allclose(cpu[1], formula[1], rtol=1e-5, atol=1e-4, equal_nan=True), replay(seed)
+    again = opforge.paged_decode_attention(*problem.args(), **problem.kwargs())
+    assert torch.equal(cpu[0], again[0]) and torch.equal(cpu[1], again[1]), "the CPU op is not deterministic"
+
+
+def test_keyword_arguments(seed):
+    problem = random_problem(torch.Generator().manual_seed(seed), (8, 2, 64, 4), torch.bfloat16)
+    q, k, v, indptr, indices = problem.args()
+    kw = problem.kwargs()
+    a = opforge.paged_decode_attention(kv_indices=indices, kv_indptr=indptr, v_cache=v, k_cache=k, q=q, **kw)
+    b = opforge.paged_decode_attention(q, k, v, indptr, indices, **kw)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+# --- bad arguments ---------------------------------------------------------------------------
+
+
+def valid_args(page_size=4, head_dim=128, hq=8, hkv=2) -> dict:
+    problem = Problem(torch.Generator().manual_seed(1), [5, 0, 9], hq, hkv, head_dim, page_size, torch.bfloat16)
+    q, k, v, indptr, indices = problem.args()
+    out, lse = poisoned_outputs(problem, "cpu")
+    return {"q": q, "k_cache": k, "v_cache": v, "kv_indptr": indptr, "kv_indices": indices,
+            "kv_last_page_len": problem.kv_last_page_len, "out": out, "lse": lse}
+
+
+def changed(name, value_fn):
+    return lambda s: s.update({name: value_fn(s)})
+
+
+def out_over_k(s):
+    s["out"] = s["k_cache"].view(-1)[: s["q"].numel()].view(s["q"].shape)
+
+
+def set_value(name, index, value):
+    def change(s):
+        t = s[name].clone()
+        t[index] = value
+        s[name] = t
+    return change
+
+
+ERRORS = {
+    # name: (change, exception, words the message must contain)
+    "q-float32": (changed("q", lambda s: s["q"].float()), TypeError, ("q has dtype float32", "float16, bfloat16")),
+    "k-float16": (changed("k_cache", lambda s: s["k_cache"].half()), TypeError,
+                  ("k_cache has dtype float16 but q has bfloat16",)),
+    "out-float32": (changed("out", lambda s: s["out"].float()), TypeError, ("out has dtype float32",)),
+    "lse-bfloat16": (changed("lse", lambda s: s["lse"].bfloat16()), TypeError, ("lse has dtype bfloat16", "float32")),
+    "indptr-int64": (changed("kv_indptr", lambda s: s["kv_indptr"].long()), TypeError,
+                     ("kv_indptr has dtype int64", "int32")),
+    "indices-float": (changed("kv_indices", lambda s: s["kv_indices"].float()), TypeError,
+                      ("kv_indices has dtype float32", "int32")),
+    "last-int64": (changed("kv_last_page_len", lambda s: s["kv_last_page_len"].long()), TypeError,
+                   ("kv_last_page_len has dtype int64", "int32")),
+    "q-2d": (changed("q", lambda s: s["q"][:, 0]), ValueError,
+             ("q has shape (3, 128)", "[batch, num_qo_heads, head_dim]")),
+    "k-3d": (changed("k_cache", lambda s: s["k_cache"][0]), ValueError,
+             ("k_cache has shape", "[num_pages, page_size, num_kv_heads, head_dim]")),
+    "indptr-2d": (changed("kv_indptr", lambda s: s["kv_indptr"].view(1, -1)), ValueError, ("kv_indptr", "1-d")),
+    "head-dim-mismatch": (lambda s: s.update(k_cache=valid_args(head_dim=64)["k_cache"],
+                                             v_cache=valid_args(head_dim=64)["v_cache"]), ValueError,
+                          ("k_cache has head_dim 64", "q has 128")),
+    "head-dim-unsupported": (lambda s: s.update({n: v[..., :96] for n, v in s.items() if n in ("q", "k_cache",
+                                                                                                 "v_cache", "out")}),
+                             ValueError, ("head_dim 96", "64, 128, 256")),
+    "page-size-mismatch": (changed("v_cache", lambda s: valid_args(page_size=8)["v_cache"]), ValueError,
+                           ("v_cache has shape", "page_size differ")),
+    "heads-not-divisible": (lambda s: s.update(q=s["q"][:, :7], out=s["out"][:, :7], lse=s["lse"][:, :7]), ValueError,
+                            ("num_qo_heads = 7", "not a multiple of num_kv_heads = 2")),
+    "indptr-length": (changed("kv_indptr", lambda s: s["kv_indptr"][:3]), ValueError,
+                      ("kv_indptr has shape (3,)", "[batch + 1] = (4)")),
+    "last-length": (changed("kv_last_page_len", lambda s: s["kv_last_page_len"][:2]), ValueError,
+                    ("kv_last_page_len has shape (2,)", "(3)")),
+    "out-shape": (changed("out", lambda s: s["out"][:2]), ValueError, ("out has shape (2, 8, 128)",)),
+    "lse-shape": (changed("lse", lambda s: s["lse"][:, :4]), ValueError, ("lse has shape (3, 4)",)),
+    "q-strided-head-dim": (changed("q", lambda s: s["q"].repeat_interleave(2, dim=2)[..., ::2]), ValueError,
+                           ("q has stride 2 along head_dim", "contiguous")),
+    "indices-strided": (changed("kv_indices", lambda s: s["kv_indices"].repeat_interleave(2)[::2]), ValueError,
+                        ("kv_indices has stride 2", "contiguous")),
+    "out-overlaps-k": (out_over_k, ValueError, ("out overlaps k_cache",)),
+    "out-expanded": (changed("out", lambda s: s["out"][:1].expand(3, 8, 128)), ValueError, ("out", "overlap")),
+    "lse-is-out": (changed("lse", lambda s: s["out"].view(torch.float32)[..., :1].reshape(3, 8)), ValueError,
+                   ("out overlaps lse",)),
+    "page-size-0": (lambda s: s.update(k_cache=s["k_cache"][:, :0], v_cache=s["v_cache"][:, :0]), ValueError,
+                    ("page_size 0",)),
+    "out-on-meta": (changed("out", lambda s: torch.empty(3, 8, 128, dtype=torch.bfloat16, device="meta")),
+                    ValueError, ("out", "meta")),
+    "indptr-decreasing": (set_value("kv_indptr", 2, 0), ValueError,
+                          ("kv_indptr is not non-decreasing", "kv_indptr[1] = 2 > kv_indptr[2] = 0")),
+    "indptr-negative": (set_value("kv_indptr", 0, -1), ValueError, ("kv_indptr[0] = -1", ">= 0")),
+    "indptr-past-indices": (set_value("kv_indptr", 3, 9), ValueError,
+                            ("kv_indptr[-1] = 9 but kv_indices has only 5 entries",)),
+    "page-out-of-range": (set_value("kv_indices", 3, 8), ValueError,
+                          ("kv_indices[3] = 8 is not a page of the cache", "[0, num_pages = 8)")),
+    "page-negative": (set_value("kv_indices", 0, -1), ValueError, ("kv_indices[0] = -1",)),
+    "last-page-too-long": (set_value("kv_last_page_len", 2, 5), ValueError,
+                           ("kv_last_page_len[2] = 5", "1 .. page_size = 4")),
+    "last-page-zero": (set_value("kv_last_page_len", 0, 0), ValueError, ("kv_last_page_len[0] = 0",)),
+    "q-list": (changed("q", lambda s: [1.0]), TypeError, ("q", "torch.Tensor", "list")),
+    "sm-scale-text": (lambda s: s.update(sm_scale="0.1"), TypeError, ("sm_scale must be a float",)),
+}
+#: Cases the compiled binding finds (so also with skip_check=True and every backend).
+COMPILED = [n for n in ERRORS if n not in ("q-list", "sm-scale-text")]
+
+
+@pytest.mark.parametrize("name, skip_check", [pytest.param(n, skip, id=f"{n}{'-skip_check' if skip else ''}")
+                                              for n in ERRORS for skip in (False, True) if not skip or n in COMPILED])
+@pytest.mark.parametrize("backend", ["auto", "cpu", "torch"])
+def test_bad_arguments(name, backend, skip_check):
+    """Each error names the op, the argument, what was given and what is accepted, and nothing
+    is written; the compiled checks hold with skip_check=True and on every backend."""
+    change, exc, needles = ERRORS[name]
+    args = valid_args()
+    out, lse = args["out"], args["lse"]
+    change(args)
+    q = args.pop("q")
+    with pytest.raises(exc) as info:
+        opforge.paged_decode_attention(q, **args, backend=backend, skip_check=skip_check)
+    message = str(info.value)
+    assert message.startswith("opforge.paged_decode_attention:"), message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    assert torch.isnan(out).all() and torch.isnan(lse).all(), "a rejected call wrote out or lse"
+
+
+def test_inputs_that_require_grad():
+    args = valid_args()
+    args["q"] = args["q"].float().requires_grad_().bfloat16()
+    with pytest.raises(ValueError, match="^opforge.paged_decode_attention: .*q requires grad"):
+        opforge.paged_decode_attention(**args)
+    with torch.no_grad():
+        opforge.paged_decode_attention(**args)
+
+
+def test_unknown_and_impossible_backends():
+    with pytest.raises(opforge.BackendError, match="'triton'"):
+        opforge.paged_decode_attention(**valid_args(), backend="triton")
+    with pytest.raises(ValueError, match="^opforge.paged_decode_attention: .*CUDA"):
+        opforge.paged_decode_attention(**valid_args(), backend="cuda")
+
+
+# --- the CUDA plan (plain C++, checked without a GPU) ------------------------------------------
+
+
+def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, **force):
+    return _C.paged_decode_attention_plan(batch, hq, hkv, head_dim, tokens, sms, **force)
+
+
+@pytest.mark.parametrize("batch, tokens, splits", [(128, 128 * 2048, 3), (32, 32 * 2048, 9), (1, 32768, 128),
+                                                   (1, 512, 8), (128, 128 * 512, 3), (8, 8 * 64, 1)], ids=str)
+def test_plan_of_the_decode_shapes(batch, tokens, splits):
+    """h32_kv8 on 132 SMs: splits until two waves of 1056 one-warp CTAs, each split keeping at
+    least 64 tokens of an average request, at most 128 (the examples in the header)."""
+    p = plan(batch, 32, 8, tokens)
+    assert (p["head_chunks"], p["splits"], p["warps_per_cta"]) == (1, splits, 1), p
+    assert p["ctas"] == batch * 8 * splits
+    assert p["workspace"] == (splits * batch * 32 * 129 if splits > 1 else 0)
+
+
+def test_plan_heads_and_dims():
+    assert plan(4, 40, 2, 4096)["head_chunks"] == 2  # 20 query heads per KV head: two 16-row tiles
+    assert plan(4, 64, 1, 4096)["head_chunks"] == 4
+    # Half as many two-warp CTAs per wave: half the splits.
+    wide, narrow = plan(32, 8, 1, 32 * 8192, head_dim=256), plan(32, 8, 1, 32 * 8192, head_dim=128)
+    assert (wide["warps_per_cta"], wide["splits"], narrow["splits"]) == (2, 33, 66)
+    assert plan(0, 32, 8, 0)["ctas"] == 0
+
+
+def test_forced_plans():
+    p = plan(3, 32, 8, 300, splits=5)
+    assert (p["splits"], p["ctas"], p["workspace"]) == (5, 3 * 8 * 5, 5 * 3 * 32 * 129)
+    for bad in (0, 129):
+        with pytest.raises(ValueError, match="splits"):
+            plan(3, 32, 8, 300, splits=bad)
+    with pytest.raises(ValueError, match="plan needs"):
+        plan(3, 30, 8, 300)
+
+
+# --- torch.library / torch.compile -----------------------------------------------------------
+
+
+def test_registered_op():
+    schema = torch.ops.opforge.paged_decode_attention.default._schema
+    written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert written == {"out", "lse"} and len(schema.returns) == 0
+    args = valid_args()
+    torch.library.opcheck(torch.ops.opforge.paged_decode_attention.default,
+                          (args["out"], args["lse"], args["q"], args["k_cache"], args["v_cache"], args["kv_indptr"],
+                           args["kv_indices"], args["kv_last_page_len"], 0.125),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("fresh_dynamo")
+@devices
+def test_compiled_matches_eager(seed, device):
+    def f(q, k, v, indptr, indices, last):
+        out, lse = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=last)
+        return out.float() * 2, lse + 1
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(2):  # the second call runs the cached graph on new values (same shapes)
+        problem = Problem(gen, [17, 1, 64, 40], 8, 2, 128, 16, torch.bfloat16)
+        args = (*problem.args(device), problem.kv_last_page_len.to(device))
+        got, want = compiled(*args), f(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), replay(seed)
+
+
+@pytest.mark.compile
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compile_reports_shape_mismatch():
+    args = valid_args()
+    compiled = torch.compile(lambda q, k, v, i, j: opforge.paged_decode_attention(q, k, v, i, j), fullgraph=True)
+    with pytest.raises(Exception, match="do not match"):
+        compiled(args["q"], args["k_cache"], args["v_cache"][:, :, :1], args["kv_indptr"], args["kv_indices"])
+
+
+# --- the forge: Definitions, generated inputs, solutions, tracing ----------------------------
+
+
+def test_definitions_have_the_public_form():
+    """FlashInfer-Trace's names, axes, input order and dtypes; kv_last_page_len only past page 1."""
+    from opforge.trace.templates import definition_for_name
+
+    d = definition_for_name("gqa_paged_decode_h32_kv8_d128_ps64")
+    assert d.op_type == "gqa_paged"
+    assert [(n, a.type, getattr(a, "value", None)) for n, a in d.axes.items()] == [
+        ("batch_size", "var", None), ("num_qo_heads", "const", 32), ("num_kv_heads", "const", 8),
+        ("head_dim", "const", 128), ("num_pages", "var", None), ("page_size", "const", 64),
+        ("len_indptr", "var", None), ("num_kv_indices", "var", None)]
+    assert [(n, s.shape, s.dtype.value) for n, s in d.inputs.items()] == [
+        ("q", ["batch_size", "num_qo_heads", "head_dim"], "bfloat16"),
+        ("k_cache", ["num_pages", "page_size", "num_kv_heads", "head_dim"], "bfloat16"),
+        ("v_cache", ["num_pages", "page_size", "num_kv_heads", "head_dim"], "bfloat16"),
+        ("kv_indptr", ["len_indptr"], "int32"), ("kv_indices", ["num_kv_indices"], "int32"),
+        ("kv_last_page_len", ["batch_size"], "int32"), ("sm_scale", None, "float32")]
+    assert [(n, s.shape, s.dtype.value) for n, s in d.outputs.items()] == [
+        ("output", ["batch_size", "num_qo_heads", "head_dim"], "bfloat16"),
+        ("lse", ["batch_size", "num_qo_heads"], "float32")]
+    assert d.constraints == ["len_indptr == batch_size + 1", "num_kv_indices == kv_indptr[-1].item()"]
+    ps1 = definition_for_name("gqa_paged_decode_h48_kv8_d128_ps1_f16")
+    assert list(ps1.inputs) == ["q", "k_cache", "v_cache", "kv_indptr", "kv_indices", "sm_scale"]
+    assert ps1.inputs["q"].dtype.value == ps1.outputs["output"].dtype.value == "float16"
+    assert definition_for_name("gqa_paged_decode_h5_kv1_d128_ps1").axes["num_qo_heads"].value == 5
+
+
+def _builtin(name):
+    from opforge.trace import builtin
+
+    return next(d for d in builtin.builtin_definitions() if d.name == name)
+
+
+@pytest.mark.parametrize("name", ["gqa_paged_decode_h32_kv8_d128_ps1", "gqa_paged_decode_h16_kv2_d128_ps64_f16"])
+def test_generated_inputs_are_valid_layouts(name):
+    """What the runner draws for the built-in workloads: kv_indptr from 0 to num_kv_indices,
+    non-decreasing (lengths differ inside a batch), distinct pages of the pool, last page
+    lengths in [1, page_size]; the constraints hold on the tensors too."""
+    from opforge.bench import generate_inputs
+    from opforge.trace import builtin
+
+    d = _builtin(name)
+    page_size = d.axes["page_size"].value
+    for w in builtin.builtin_workloads(d)[:4]:
+        inputs = dict(zip(d.inputs, generate_inputs(d, w)))
+        d.check_constraints(w.axes, inputs)
+        indptr, indices = inputs["kv_indptr"], inputs["kv_indices"]
+        assert indptr[0] == 0 and indptr[-1] == w.axes["num_kv_indices"] and (indptr[1:] >= indptr[:-1]).all()
+        assert indices.unique().numel() == indices.numel() and 0 <= int(indices.min()) and \
+            int(indices.max()) < w.axes["num_pages"]
+        if page_size > 1:
+            last = inputs["kv_last_page_len"]
+            assert 1 <= int(last.min()) and int(last.max()) <= page_size
+        assert inputs["sm_scale"] == pytest.approx(1 / math.sqrt(128))
+        if w.axes["batch_size"] >= 8:
+            assert len(set((indptr[1:] - indptr[:-1]).tolist())) > 1, "every request has the same length"
+
+
+@pytest.mark.parametrize("name", ["gqa_paged_decode_h32_kv4_d128_ps1", "gqa_paged_decode_h32_kv8_d128_ps64",
+                                  "gqa_paged_decode_h24_kv8_d128_ps64_f16"])
+def test_builtin_and_torch_solutions_match_the_reference(name):
+    from opforge.bench import compare_outputs, generate_inputs
+    from opforge.registry import build
+    from opforge.solutions import shipped_solutions
+    from opforge.trace import builtin
+
+    d = _builtin(name)
+    solutions = [builtin.builtin_solution_for(d), *shipped_solutions(d, "gqa_paged_decode")]
+    assert [s.spec.language.value for s in solutions] == ["builtin", "pytorch", "triton"]
+    solutions = solutions[:2]  # the Triton one runs in the interpreter: test_triton_solution_in_the_interpreter
+    runs = [build(s, d, "cpu") for s in solutions]
+    for w in builtin.builtin_workloads(d)[:3]:
+        inputs = generate_inputs(d, w)
+        want = d.reference_fn()(*inputs)
+        for solution, fn in zip(solutions, runs):
+            verdict = compare_outputs(d, fn(*inputs), want)
+            assert verdict.passed, f"{solution.name} {w.axes}: {verdict.log}"
+
+
+#: Run in a child process: triton's interpreter must be chosen before triton is first imported.
+_TRITON_CASES = """
+import sys, torch
+from opforge.bench import compare_outputs, generate_inputs
+from opforge.solutions import gqa_paged_decode_triton as sol
+from opforge.trace import RandomInput, ScalarInput, Workload
+from opforge.trace.templates import definition_for_name
+failed = []
+for name, splits in [("gqa_paged_decode_h32_kv8_d128_ps1", 1), ("gqa_paged_decode_h32_kv4_d128_ps64_f16", 3),
+                     ("gqa_paged_decode_h24_kv8_d128_ps64", 2), ("gqa_paged_decode_h5_kv1_d128_ps1_f16", 4)]:
+    d = definition_for_name(name)
+    sol._splits = lambda *args, n=splits: n  # the merge of split partials too
+    page_size = d.axes["page_size"].value
+    for batch, used in ((1, 3), (5, 200 // page_size + 6)):
+        axes = {"batch_size": batch, "num_pages": used + 4, "len_indptr": batch + 1, "num_kv_indices": used}
+        inputs = {n: ScalarInput(value=0.09) if s.shape is None else RandomInput() for n, s in d.inputs.items()}
+        args = generate_inputs(d, Workload(uuid="w", axes=axes, inputs=inputs, seed=int(sys.argv[1]) + batch))
+        verdict = compare_outputs(d, sol.run(**dict(zip(d.inputs, args))), d.reference_fn()(*args))
+        if not verdict.passed:
+            failed.append(f"{name} splits={splits} batch={batch}: {verdict.log}")
+print("\\n".join(failed) or "ok")
+"""
+
+
+def test_triton_solution_in_the_interpreter(seed):
+    """The shipped Triton solution on CPU (TRITON_INTERPRET=1) against the reference, ps1 and
+    ps64, bf16 and fp16, split partials merged, empty requests included."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-c", _TRITON_CASES, str(seed)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().splitlines()[-1] == "ok", f"{done.stdout[-4000:]} {replay(seed)}"
+
+
+def test_call_binds_to_its_definition(seed):
+    """Tracing and apply see a call as its Definition: the name from the shapes, the inputs in
+    the Definition's order (full last pages spelled out), and finish() writes out= and lse=."""
+    from opforge.trace.calls import bind_call
+
+    problem = Problem(torch.Generator().manual_seed(seed), [32, 0, 48], 16, 2, 128, 16, torch.bfloat16,
+                      last_len=False)
+    out, lse = poisoned_outputs(problem, "cpu")
+    args = problem.args()
+    call = bind_call("paged_decode_attention", args, {"out": out, "lse": lse})
+    assert call.definition == "gqa_paged_decode_h16_kv2_d128_ps16"
+    assert call.key == (call.definition, 3, problem.num_pages, 4, problem.kv_indices.numel())
+    d = call.make_definition()
+    assert list(call.inputs) == list(d.inputs)
+    assert call.inputs["kv_last_page_len"].tolist() == [16, 16, 16]
+    assert call.inputs["sm_scale"] == pytest.approx(1 / math.sqrt(128))
+    got = call.finish(d.reference_fn()(*call.inputs.values()))
+    assert got[0] is out and got[1] is lse
+    check(got, problem, "cpu", seed)
+    assert bind_call("paged_decode_attention", (args[0].float(), *args[1:]), {}) is None  # no fp32 Definition
+
+
+# --- CUDA only -------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 128])
+@pytest.mark.parametrize("config", [(32, 8, 128, 1), (32, 4, 128, 64), (6, 1, 64, 3), (40, 2, 256, 5)],
+                         ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
+def test_every_split_count(seed, splits, config):
+    """Split plans forced past the heuristic (more splits than some requests have tokens), the
+    workspace NaN-poisoned: the merge reads only what the first kernel wrote."""
+    problem = random_problem(torch.Generator().manual_seed(seed), config, torch.bfloat16, batch=5, longest=700)
+    args = problem.args("cuda")
+    out, lse = poisoned_outputs(problem, "cuda", "strided")
+    last = problem.kv_last_page_len.cuda()
+    scale = 1 / math.sqrt(config[2])
+    stream = torch.cuda.current_stream().cuda_stream
+    need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits)
+    if splits > 1:
+        assert need == splits * 5 * config[0] * (config[2] + 1)
+        workspace = torch.full((need,), float("nan"), device="cuda")
+        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits) == 0
+    else:
+        assert need == 0
+    torch.cuda.synchronize()
+    check((out, lse), problem, "cuda", seed, f"splits={splits} {problem.lengths}")
+
+
+@pytest.mark.gpu
+@dtypes
+@pytest.mark.parametrize("batch, context", [(1, 32768), (8, 8192), (32, 2048), (128, 512)], ids=str)
+def test_cuda_serving_shapes(seed, dtype, batch, context):
+    """The benchmark's shapes with mixed lengths (h32_kv8, page size 1 and 16), the CUDA kernel
+    against the CPU op (the same formula in fp32) and, for the smaller ones, the reference."""
+    gen = torch.Generator().manual_seed(seed)
+    for page_size in (1, 16):
+        lengths = torch.randint(1, 2 * context, (batch,), generator=gen).tolist()
+        problem = Problem(gen, lengths, 32, 8, 128, page_size, dtype, spare_pages=64)
+        got = run(problem, "cuda")
+        cpu = opforge.paged_decode_attention(*problem.args(), **problem.kwargs())
+        tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+        scale = float(cpu[0].float().abs().max())
+        assert_close(got[0].cpu(), cpu[0].double(), dtype=dtype, rtol=tol, atol=tol * scale,
+                     what=f"cuda vs cpu {replay(seed)}")
+        assert_close(got[1].cpu(), cpu[1].double(), dtype=torch.float32, rtol=1e-4, atol=1e-3, what="lse")
+        if batch * context <= 1 << 15:
+            check(got, problem, "cuda", seed)
+
+
+@pytest.mark.gpu
+def test_cuda_bad_layout_is_refused_or_gives_nan(seed):
+    """Checked: a clear error. With skip_check=True (no synchronisation): the request whose
+    layout is bad gets NaN, never a read out of bounds; the others stay right."""
+    problem = Problem(torch.Generator().manual_seed(seed), [40, 17, 64], 16, 2, 128, 16, torch.bfloat16)
+    q, k, v, indptr, indices = problem.args("cuda")
+    bad = indices.clone()
+    bad[int(problem.kv_indptr[1])] = 10**6  # request 1's first page
+    last = problem.kv_last_page_len.cuda()
+    with pytest.raises(ValueError, match="kv_indices.* is not a page of the cache"):
+        opforge.paged_decode_attention(q, k, v, indptr, bad, kv_last_page_len=last)
+    out, lse = opforge.paged_decode_attention(q, k, v, indptr, bad, kv_last_page_len=last, skip_check=True)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+    good = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=last)
+    assert torch.equal(out[0], good[0][0]) and torch.equal(out[2], good[0][2])
+    long_last = last.clone()
+    long_last[2] = 17
+    out, lse = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=long_last, skip_check=True)
+    assert torch.isnan(lse[2]).all() and not torch.isnan(lse[:2]).any()
+
+
+@pytest.mark.gpu
+def test_misaligned_rows_are_refused():
+    problem = Problem(torch.Generator().manual_seed(0), [5, 9], 8, 2, 128, 4, torch.bfloat16)
+    q, k, v, indptr, indices = problem.args("cuda")
+    shifted = torch.empty(k.numel() + 1, dtype=k.dtype, device="cuda")[1:].view(k.shape)
+    shifted.copy_(k)
+    with pytest.raises(ValueError, match="k_cache has rows that do not start on 16 bytes"):
+        opforge.paged_decode_attention(q, shifted, v, indptr, indices, kv_last_page_len=problem.kv_last_page_len.cuda())
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay(seed):
+    """Captured calls (into out=/lse=, allocating, and a split plan with its workspace) replay
+    correctly on new values of q and the caches."""
+    gen = torch.Generator().manual_seed(seed)
+    problems = [Problem(gen, [300, 0, 41, 1024], 32, 8, 128, 16, torch.bfloat16),
+                Problem(gen, [4000], 32, 4, 128, 1, torch.bfloat16)]
+    static = [(p.args("cuda"), p.kv_last_page_len.cuda()) for p in problems]
+    out, lse = poisoned_outputs(problems[0], "cuda")
+
+    def step():
+        (a0, l0), (a1, l1) = static
+        opforge.paged_decode_attention(*a0, kv_last_page_len=l0, out=out, lse=lse)
+        return opforge.paged_decode_attention(*a1, kv_last_page_len=l1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        second = step()
+    for _ in range(2):
+        for p, (args, _) in zip(problems, static):
+            for dst in args[:3]:
+                dst.copy_(torch.randn(dst.shape, generator=gen).to(dst.dtype))
+            p.q, p.k_cache, p.v_cache = (t.cpu() for t in args[:3])
+        graph.replay()
+        torch.cuda.synchronize()
+        check((out, lse), problems[0], "cuda", seed, "replayed into out=")
+        check(second, problems[1], "cuda", seed, "replayed, allocated")
+
+
+@pytest.mark.gpu
+def test_runs_on_the_current_stream(seed):
+    problem = Problem(torch.Generator().manual_seed(seed), [5000, 300], 32, 8, 128, 16, torch.bfloat16)
+    q, k, v, indptr, indices = problem.args("cuda")
+    saved = k.clone()
+    k.zero_()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        k.copy_(saved)
+        got = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=problem.kv_last_page_len.cuda(),
+                                             skip_check=True)
+    side.synchronize()
+    check(got, problem, "cuda", seed)
+
+
+@pytest.mark.gpu
+def test_cuda_and_cpu_tensors_mixed():
+    args = valid_args()
+    args["kv_indptr"] = args["kv_indptr"].cuda()
+    with pytest.raises(ValueError, match="kv_indptr is on cuda:0 but q is on cpu"):
+        opforge.paged_decode_attention(**args)
