@@ -201,10 +201,6 @@ __device__ __forceinline__ uint4 load_a(const uint8_t* p) {
   return v;
 }
 
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 template <bool WIDE>
 __device__ __forceinline__ unsigned short load_scale_a(const uint8_t* p) {
   if constexpr (WIDE) {
@@ -308,18 +304,6 @@ __global__ void __launch_bounds__(kNvfp4Threads, WIDE ? kNvfp4BlocksPerSm : 1)
         for (int r = 0; r < ROWS; ++r) {
           av[u][r] = load_a<WIDE>(a_rows[r] + vc * 16);
           as[u][r] = load_scale_a<WIDE>(sa_rows[r] + vc * 2);
-        }
-      }
-      if constexpr (WIDE) {
-        // The next iteration's vectors of A into L2 while this one's math runs: more requests in
-        // flight than the registers can hold, and the next loads wait on L2, not DRAM.
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t v = v0 + int64_t(group) * (U + u);
-          if (v < v_end) {
-#pragma unroll
-            for (int r = 0; r < ROWS; ++r) prefetch_l2(a_rows[r] + v * 16);
-          }
         }
       }
 #pragma unroll
