@@ -79,6 +79,9 @@ def expand(plan, only=None):
 # ---------------------------------------------------------------------------
 
 def git_commit():
+    # OPFORGE_COMMIT first: a copy of the tree on a GPU machine may carry stale git metadata.
+    if os.environ.get("OPFORGE_COMMIT"):
+        return os.environ["OPFORGE_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
@@ -89,7 +92,7 @@ def git_commit():
             return head.stdout.strip() + ("+dirty" if dirty else "")
     except Exception:
         pass
-    return os.environ.get("OPFORGE_COMMIT", "unknown")
+    return "unknown"
 
 
 def version_of(dist):
