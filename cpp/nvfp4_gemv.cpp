@@ -108,54 +108,13 @@ void nvfp4_gemv_cpu(const Nvfp4GemvParams& p) {
 // --- validation -------------------------------------------------------------------------------
 
 bool is_fp4x2(nb::dlpack::dtype dt) { return dt.code == uint8_t(Code::Float4_E2M1FN) && dt.bits * dt.lanes == 8; }
-bool is_e4m3(nb::dlpack::dtype dt) { return dt.code == uint8_t(Code::Float8_E4M3FN) && dt.bits == 8 && dt.lanes == 1; }
-bool is_uint8(nb::dlpack::dtype dt) { return dt.code == uint8_t(Code::UInt) && dt.bits == 8 && dt.lanes == 1; }
-bool has_dtype(nb::dlpack::dtype dt, Code code, int bits) {
-  return dt.code == uint8_t(code) && dt.bits == bits && dt.lanes == 1;
-}
-
-
-std::string dims_string(std::initializer_list<int64_t> dims) {
-  std::string s = "(";
-  bool first = true;
-  for (int64_t d : dims) {
-    s += (first ? "" : ", ") + std::to_string(d);
-    first = false;
-  }
-  return s + ")";
-}
+bool is_e4m3(nb::dlpack::dtype dt) { return has_dtype(dt, Code::Float8_E4M3FN, 8); }
+bool is_uint8(nb::dlpack::dtype dt) { return has_dtype(dt, Code::UInt, 8); }
 
 enum class Kind { kFp4, kScale, kOut, kWorkspace };
 
-// One tensor argument with the checks that concern it alone: dtype, rank, non-negative strides.
-struct Operand {
-  TensorArg t;
+struct Operand : SizedArg {
   Kind kind;
-  int elem_bytes = 1;
-
-  const char* name() const { return t.name; }
-  int64_t shape(size_t i) const { return t.shape(i); }
-  int64_t stride(size_t i) const { return t.stride(i); }
-  char* data() const { return static_cast<char*>(t.data()); }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (size_t i = 0; i < t.ndim(); ++i) n *= t.shape(i);
-    return n;
-  }
-  // Bytes from the first to one past the last element (0 when empty).
-  int64_t extent_bytes() const {
-    if (numel() == 0) return 0;
-    int64_t last = 0;
-    for (size_t i = 0; i < t.ndim(); ++i) last += (t.shape(i) - 1) * t.stride(i);
-    return (last + 1) * elem_bytes;
-  }
-  RowView device_view() const {
-    RowView v;
-    v.device_type = t.device_type();
-    v.device_id = t.device_id();
-    v.name = t.name;
-    return v;
-  }
 };
 
 void check_dtype(const Operand& o) {
@@ -188,55 +147,22 @@ void check_dtype(const Operand& o) {
 
 // `layout` names the expected shape in error messages, e.g. "[M, K/2, L]".
 Operand operand(nb::handle obj, const char* name, Kind kind, const char* layout) {
-  Operand o{tensor_arg(kCtx, obj, name), kind, kind == Kind::kOut ? 2 : kind == Kind::kWorkspace ? 4 : 1};
+  Operand o{{tensor_arg(kCtx, obj, name), kind == Kind::kOut ? 2 : kind == Kind::kWorkspace ? 4 : 1}, kind};
   check_dtype(o);
   const size_t want = kind == Kind::kWorkspace ? 1 : 3;
-  if (o.t.ndim() != want) {
-    std::string msg = kPrefix + name + " has shape " + shape_string(o.t) + "; expected a " + std::to_string(want) +
-                      "-d tensor " + layout;
-    if (kind == Kind::kScale && o.t.ndim() == 6) {
-      msg += " (the plain layout; this looks like the blocked 128x4 one, which "
-             "opforge.ops.nvfp4_format.from_blocked converts)";
-    }
-    throw_value_error(msg);
+  if (kind == Kind::kScale && o.t.ndim() == 6) {
+    throw_value_error(kPrefix + name + " has shape " + shape_string(o.t) + "; expected a 3-d tensor " + layout +
+                      " (the plain layout; this looks like the blocked 128x4 one, which "
+                      "opforge.ops.nvfp4_format.from_blocked converts)");
   }
-  for (size_t i = 0; i < o.t.ndim(); ++i) {
-    if (o.stride(i) < 0) {
-      throw_value_error(kPrefix + name + " has a negative stride; accepted: non-negative strides");
-    }
-  }
+  check_rank(kCtx, o, want, layout);
   return o;
 }
 
-void check_same_device(const Operand& ref, const Operand& o) {
-  if (ref.t.device_type() == o.t.device_type() && ref.t.device_id() == o.t.device_id()) return;
-  throw_value_error(kPrefix + o.name() + " is on " + device_string(o.t.device_type(), o.t.device_id()) + " but " +
-                    ref.name() + " is on " + device_string(ref.t.device_type(), ref.t.device_id()) +
-                    "; all tensors must be on one device");
-}
-
-void check_shape(const Operand& o, std::initializer_list<int64_t> want, const std::string& what) {
-  size_t i = 0;
-  bool same = true;
-  for (int64_t d : want) same = same && o.shape(i++) == d;
-  if (!same) {
-    throw_value_error(kPrefix + o.name() + " has shape " + shape_string(o.t) + "; expected " + what + " = " +
-                      dims_string(want));
-  }
-}
-
-// Dimension 1 (K) must be contiguous wherever it has more than one element.
-void check_k_contiguous(const Operand& o) {
-  if (o.shape(1) > 1 && o.stride(1) != 1) {
-    throw_value_error(kPrefix + o.name() + " has stride " + std::to_string(o.stride(1)) +
-                      " along K (dimension 1); K must be contiguous (stride 1), the M and L strides are free: "
-                      "e.g. " + o.name() + ".permute(2, 0, 1).contiguous().permute(1, 2, 0) keeps it as [L, rows, K]");
-  }
-}
-
-// Whether two elements of out share memory. For [M, 1, L] with strides s_m, s_l >= 0, offsets
-// m * s_m + l * s_l meet iff some (dm, dl) != 0 with |dm| < M, |dl| < L has dm * s_m = -dl * s_l;
-// the smallest such pair is (s_l / g, s_m / g) with g = gcd(s_m, s_l).
+// Whether two elements of out share memory, exactly (overlaps_itself is conservative). For
+// [M, 1, L] with strides s_m, s_l >= 0, offsets m * s_m + l * s_l meet iff some (dm, dl) != 0 with
+// |dm| < M, |dl| < L has dm * s_m = -dl * s_l; the smallest such pair is (s_l / g, s_m / g) with
+// g = gcd(s_m, s_l).
 bool out_overlaps_itself(const Operand& out) {
   const int64_t m = out.shape(0), l = out.shape(2), sm = out.stride(0), sl = out.stride(2);
   if (m > 1 && sm == 0) return true;
@@ -246,14 +172,13 @@ bool out_overlaps_itself(const Operand& out) {
   return sl / g < m && sm / g < l;
 }
 
-// Outputs must not share a byte with any input: their byte ranges are compared (exact for the
-// usual separate tensors; conservative for views interleaved within one buffer).
-void check_separate(const Operand& out, const Operand& in) {
-  const int64_t ob = out.extent_bytes(), ib = in.extent_bytes();
-  if (ob == 0 || ib == 0) return;
-  const auto o0 = reinterpret_cast<uintptr_t>(out.data()), i0 = reinterpret_cast<uintptr_t>(in.data());
-  if (o0 + uintptr_t(ob) <= i0 || i0 + uintptr_t(ib) <= o0) return;
-  throw_value_error(kPrefix + out.name() + " overlaps " + in.name() + "; they must be separate memory");
+// Dimension 1 (K) must be contiguous wherever it has more than one element.
+void check_k_contiguous(const Operand& o) {
+  if (o.shape(1) > 1 && o.stride(1) != 1) {
+    throw_value_error(kPrefix + o.name() + " has stride " + std::to_string(o.stride(1)) +
+                      " along K (dimension 1); K must be contiguous (stride 1), the M and L strides are free: "
+                      "e.g. " + o.name() + ".permute(2, 0, 1).contiguous().permute(1, 2, 0) keeps it as [L, rows, K]");
+  }
 }
 
 Nvfp4GemvPlan forced_or_chosen_plan(int64_t m, int64_t k, int64_t l, int sms, int rows, int group, int splits) {
@@ -277,13 +202,13 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
   const Operand a = operand(a_obj, "a", Kind::kFp4, "[M, K/2, L]");
   check_device_supported(kCtx, a.device_view());
   const Operand b = operand(b_obj, "b", Kind::kFp4, "[1, K/2, L]");
-  check_same_device(a, b);
+  check_same_device(kCtx, a, b);
   const Operand sa = operand(scale_a_obj, "scale_a", Kind::kScale, "[M, K/16, L]");
-  check_same_device(a, sa);
+  check_same_device(kCtx, a, sa);
   const Operand sb = operand(scale_b_obj, "scale_b", Kind::kScale, "[1, K/16, L]");
-  check_same_device(a, sb);
+  check_same_device(kCtx, a, sb);
   const Operand out = operand(out_obj, "out", Kind::kOut, "[M, 1, L]");
-  check_same_device(a, out);
+  check_same_device(kCtx, a, out);
 
   const int64_t m = a.shape(0), half_k = a.shape(1), l = a.shape(2), k = 2 * half_k;
   if (b.shape(0) != 1) {
@@ -303,16 +228,16 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
                       " values, which is not a multiple of 64; accepted: K a multiple of 64 (16-value scale "
                       "blocks, 4 per scale tile)");
   }
-  check_shape(sa, {m, k / 16, l}, "[M, K/16, L]");
-  check_shape(sb, {1, k / 16, l}, "[1, K/16, L]");
-  check_shape(out, {m, 1, l}, "[M, 1, L]");
+  check_dims(kCtx, sa, {m, k / 16, l}, "[M, K/16, L]");
+  check_dims(kCtx, sb, {1, k / 16, l}, "[1, K/16, L]");
+  check_dims(kCtx, out, {m, 1, l}, "[M, 1, L]");
   for (const Operand* o : {&a, &b, &sa, &sb}) check_k_contiguous(*o);
   if (out_overlaps_itself(out)) {
     throw_value_error(kPrefix + "out has strides " + dims_string({out.stride(0), out.stride(1), out.stride(2)}) +
                       " for shape " + shape_string(out.t) + ", so some of its elements overlap (an expanded or "
                       "broadcast tensor cannot be written)");
   }
-  for (const Operand* o : {&a, &b, &sa, &sb}) check_separate(out, *o);
+  for (const Operand* o : {&a, &b, &sa, &sb}) check_separate(kCtx, out, *o);
   int64_t outputs = 0;
   if (__builtin_mul_overflow(m, l, &outputs) || outputs > INT32_MAX) {
     throw_value_error(kPrefix + "a has shape " + shape_string(a.t) + ": M * L outputs; accepted: fewer than 2^31");
@@ -353,13 +278,13 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
     if (need > 0) {
       if (workspace_obj.is_none()) return need;
       const Operand ws = operand(workspace_obj, "workspace", Kind::kWorkspace, "[n]");
-      check_same_device(a, ws);
+      check_same_device(kCtx, a, ws);
       if (ws.shape(0) < need || (ws.shape(0) > 1 && ws.stride(0) != 1)) {
         throw_value_error(kPrefix + "workspace has shape " + shape_string(ws.t) + "; expected a contiguous "
                           "float32 tensor of at least " + std::to_string(need) + " elements");
       }
-      check_separate(ws, out);
-      for (const Operand* o : {&a, &b, &sa, &sb}) check_separate(ws, *o);
+      check_separate(kCtx, ws, out);
+      for (const Operand* o : {&a, &b, &sa, &sb}) check_separate(kCtx, ws, *o);
       p.workspace = reinterpret_cast<float*>(ws.data());
     }
     check_launch(kCtx, cuda::launch_nvfp4_gemv(p, plan, device, reinterpret_cast<void*>(stream)), device);

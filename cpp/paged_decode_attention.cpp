@@ -101,49 +101,9 @@ void paged_decode_cpu(const PagedDecodeParams& p) {
 
 // --- validation -------------------------------------------------------------------------------
 
-bool has_dtype(nb::dlpack::dtype dt, Code code, int bits) {
-  return dt.code == uint8_t(code) && dt.bits == bits && dt.lanes == 1;
-}
-
-std::string dims(std::initializer_list<int64_t> values) {
-  std::string s = "(";
-  bool first = true;
-  for (int64_t v : values) {
-    s += (first ? "" : ", ") + str(v);
-    first = false;
-  }
-  return s + ")";
-}
-
 // One tensor argument with the checks that concern it alone.
-struct Arg {
-  TensorArg t;
-  int elem_bytes = 0;
-
-  const char* name() const { return t.name; }
-  int64_t shape(size_t i) const { return t.shape(i); }
-  int64_t stride(size_t i) const { return t.stride(i); }
-  char* data() const { return static_cast<char*>(t.data()); }
-  bool empty() const {
-    for (size_t i = 0; i < t.ndim(); ++i) {
-      if (t.shape(i) == 0) return true;
-    }
-    return false;
-  }
-  // Bytes from the first to one past the last element (0 when empty).
-  int64_t extent_bytes() const {
-    if (empty()) return 0;
-    int64_t last = 0;
-    for (size_t i = 0; i < t.ndim(); ++i) last += (t.shape(i) - 1) * t.stride(i);
-    return (last + 1) * elem_bytes;
-  }
-  RowView device_view() const {
-    RowView v;
-    v.device_type = t.device_type();
-    v.device_id = t.device_id();
-    v.name = t.name;
-    return v;
-  }
+struct Arg : SizedArg {
+  bool empty() const { return numel() == 0; }
   const int32_t* ints() const { return reinterpret_cast<const int32_t*>(data()); }
 };
 
@@ -162,7 +122,7 @@ const char* layout_of(const char* name) {
 
 // dtype: `attn` is q's (fp16 or bf16) for kAttn arguments. Rank and non-negative strides.
 Arg arg(nb::handle obj, const char* name, Kind kind, nb::dlpack::dtype attn, size_t rank) {
-  Arg a{tensor_arg(kCtx, obj, name)};
+  Arg a{{tensor_arg(kCtx, obj, name)}};
   const nb::dlpack::dtype dt = a.t.dtype();
   const std::string given = kPrefix + name + " has dtype " + dtype_name(dt);
   switch (kind) {
@@ -189,32 +149,11 @@ Arg arg(nb::handle obj, const char* name, Kind kind, nb::dlpack::dtype attn, siz
       a.elem_bytes = 4;
       break;
   }
-  if (a.t.ndim() != rank) {
-    throw_value_error(kPrefix + name + " has shape " + shape_string(a.t) + "; expected a " + str(int64_t(rank)) +
-                      "-d tensor " + layout_of(name));
-  }
-  for (size_t i = 0; i < rank; ++i) {
-    if (a.stride(i) < 0) throw_value_error(kPrefix + name + " has a negative stride; accepted: non-negative strides");
-  }
+  check_rank(kCtx, a, rank, layout_of(name));
   return a;
 }
 
-void check_same_device(const Arg& ref, const Arg& a) {
-  if (ref.t.device_type() == a.t.device_type() && ref.t.device_id() == a.t.device_id()) return;
-  throw_value_error(kPrefix + a.name() + " is on " + device_string(a.t.device_type(), a.t.device_id()) + " but " +
-                    ref.name() + " is on " + device_string(ref.t.device_type(), ref.t.device_id()) +
-                    "; all tensors must be on one device");
-}
-
-void check_shape(const Arg& a, std::initializer_list<int64_t> want) {
-  size_t i = 0;
-  bool same = true;
-  for (int64_t v : want) same = same && a.shape(i++) == v;
-  if (!same) {
-    throw_value_error(kPrefix + a.name() + " has shape " + shape_string(a.t) + "; expected " + layout_of(a.name()) +
-                      " = " + dims(want));
-  }
-}
+void check_shape(const Arg& a, std::initializer_list<int64_t> want) { check_dims(kCtx, a, want, layout_of(a.name())); }
 
 // The last dimension (head_dim) is read and written as whole rows.
 void check_rows_contiguous(const Arg& a) {
@@ -232,33 +171,6 @@ void check_contiguous_1d(const Arg& a) {
   }
 }
 
-// Outputs must not share a byte with any other argument: byte ranges are compared (exact for
-// separate tensors, conservative for views interleaved within one buffer).
-void check_separate(const Arg& out, const Arg& other) {
-  const int64_t ob = out.extent_bytes(), ib = other.extent_bytes();
-  if (ob == 0 || ib == 0) return;
-  const auto o0 = reinterpret_cast<uintptr_t>(out.data()), i0 = reinterpret_cast<uintptr_t>(other.data());
-  if (o0 + uintptr_t(ob) <= i0 || i0 + uintptr_t(ib) <= o0) return;
-  throw_value_error(kPrefix + out.name() + " overlaps " + other.name() + "; they must be separate memory");
-}
-
-// Whether two distinct index tuples of an output reach the same element (written twice): for
-// each dimension in order of increasing stride, a stride must exceed the span of the smaller ones.
-bool overlaps_itself(const Arg& a) {
-  std::vector<std::pair<int64_t, int64_t>> dims_by_stride;
-  for (size_t i = 0; i < a.t.ndim(); ++i) {
-    if (a.shape(i) > 1) dims_by_stride.emplace_back(a.stride(i), a.shape(i));
-  }
-  std::sort(dims_by_stride.begin(), dims_by_stride.end());
-  int64_t span = 0;  // offset of the last element over the dimensions so far
-  for (const auto& [stride, size] : dims_by_stride) {
-    if (stride <= span) return true;
-    span += stride * (size - 1);
-  }
-  return false;
-}
-
-// The CUDA kernels move whole 16-byte pieces of every row.
 void check_rows_aligned(const Arg& a, std::initializer_list<size_t> walked) {
   bool ok = reinterpret_cast<uintptr_t>(a.data()) % 16 == 0;
   std::string strides;
@@ -335,8 +247,8 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
   if (!last_obj.is_none()) last = arg(last_obj, "kv_last_page_len", Kind::kInt32, attn, 1);
   const Arg out = arg(out_obj, "out", Kind::kAttn, attn, 3);
   const Arg lse = arg(lse_obj, "lse", Kind::kLse, attn, 2);
-  for (const Arg* a : {&k, &v, &indptr, &indices, &out, &lse}) check_same_device(q, *a);
-  if (last) check_same_device(q, *last);
+  for (const Arg* a : {&k, &v, &indptr, &indices, &out, &lse}) check_same_device(kCtx, q, *a);
+  if (last) check_same_device(kCtx, q, *last);
 
   const int64_t batch = q.shape(0), hq = q.shape(1), head_dim = q.shape(2);
   const int64_t num_pages = k.shape(0), page_size = k.shape(1), hkv = k.shape(2);
@@ -379,10 +291,10 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
     }
   }
   for (const Arg* o : {&out, &lse}) {
-    for (const Arg* a : {&q, &k, &v, &indptr, &indices}) check_separate(*o, *a);
-    if (last) check_separate(*o, *last);
+    for (const Arg* a : {&q, &k, &v, &indptr, &indices}) check_separate(kCtx, *o, *a);
+    if (last) check_separate(kCtx, *o, *last);
   }
-  check_separate(out, lse);
+  check_separate(kCtx, out, lse);
   const int64_t num_indices = indices.shape(0);
   int64_t tokens = 0;
   if (__builtin_mul_overflow(num_indices, page_size, &tokens) || tokens > INT32_MAX || batch * hq > INT32_MAX) {
@@ -449,14 +361,14 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
     if (need > 0) {
       if (workspace_obj.is_none()) return need;
       const Arg ws = arg(workspace_obj, "workspace", Kind::kWorkspace, attn, 1);
-      check_same_device(q, ws);
+      check_same_device(kCtx, q, ws);
       if (ws.shape(0) < need || (ws.shape(0) > 1 && ws.stride(0) != 1) ||
           reinterpret_cast<uintptr_t>(ws.data()) % 16 != 0) {
         throw_value_error(kPrefix + "workspace has shape " + shape_string(ws.t) + "; expected a contiguous, 16-byte "
                           "aligned float32 tensor of at least " + str(need) + " elements");
       }
-      for (const Arg* a : {&q, &k, &v, &indptr, &indices, &out, &lse}) check_separate(ws, *a);
-      if (last) check_separate(ws, *last);
+      for (const Arg* a : {&q, &k, &v, &indptr, &indices, &out, &lse}) check_separate(kCtx, ws, *a);
+      if (last) check_separate(kCtx, ws, *last);
       p.workspace = reinterpret_cast<float*>(ws.data());
     }
     check_launch(kCtx, cuda::launch_paged_decode_attention(p, plan, device, reinterpret_cast<void*>(stream)), device);

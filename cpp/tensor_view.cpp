@@ -1,6 +1,9 @@
 #include "tensor_view.h"
 
+#include <algorithm>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "opforge_build_config.h"
 #ifdef OPFORGE_WITH_CUDA
@@ -402,6 +405,102 @@ void check_launch(const OpContext& ctx, int err, int device) {
 #else
   throw_runtime_error(std::string("opforge.") + ctx.op + ": CUDA error " + std::to_string(err));
 #endif
+}
+
+}  // namespace opforge
+
+namespace opforge {
+
+// --- arguments that are not rows -------------------------------------------------------------
+
+std::string op_prefix(const OpContext& ctx) { return std::string("opforge.") + ctx.op + ": "; }
+
+bool has_dtype(nb::dlpack::dtype dt, nb::dlpack::dtype_code code, int bits) {
+  return dt.code == uint8_t(code) && dt.bits == bits && dt.lanes == 1;
+}
+
+std::string dims_string(std::initializer_list<int64_t> dims) {
+  std::string s = "(";
+  bool first = true;
+  for (int64_t d : dims) {
+    s += (first ? "" : ", ") + std::to_string(d);
+    first = false;
+  }
+  return s + ")";
+}
+
+int64_t SizedArg::numel() const {
+  int64_t n = 1;
+  for (size_t i = 0; i < t.ndim(); ++i) n *= t.shape(i);
+  return n;
+}
+
+int64_t SizedArg::extent_bytes() const {
+  if (numel() == 0) return 0;
+  int64_t last = 0;
+  for (size_t i = 0; i < t.ndim(); ++i) last += (t.shape(i) - 1) * t.stride(i);
+  return (last + 1) * elem_bytes;
+}
+
+RowView SizedArg::device_view() const {
+  RowView v;
+  v.device_type = t.device_type();
+  v.device_id = t.device_id();
+  v.name = t.name;
+  return v;
+}
+
+void check_rank(const OpContext& ctx, const SizedArg& a, size_t rank, const std::string& layout) {
+  if (a.t.ndim() != rank) {
+    throw_value_error(op_prefix(ctx) + a.name() + " has shape " + shape_string(a.t) + "; expected a " +
+                      std::to_string(rank) + "-d tensor " + layout);
+  }
+  for (size_t i = 0; i < rank; ++i) {
+    if (a.stride(i) < 0) {
+      throw_value_error(op_prefix(ctx) + a.name() + " has a negative stride; accepted: non-negative strides");
+    }
+  }
+}
+
+void check_dims(const OpContext& ctx, const SizedArg& a, std::initializer_list<int64_t> want,
+                const std::string& layout) {
+  size_t i = 0;
+  bool same = true;
+  for (int64_t d : want) same = same && a.shape(i++) == d;
+  if (!same) {
+    throw_value_error(op_prefix(ctx) + a.name() + " has shape " + shape_string(a.t) + "; expected " + layout + " = " +
+                      dims_string(want));
+  }
+}
+
+void check_same_device(const OpContext& ctx, const SizedArg& ref, const SizedArg& a) {
+  if (ref.t.device_type() == a.t.device_type() && ref.t.device_id() == a.t.device_id()) return;
+  throw_value_error(op_prefix(ctx) + a.name() + " is on " + device_string(a.t.device_type(), a.t.device_id()) +
+                    " but " + ref.name() + " is on " + device_string(ref.t.device_type(), ref.t.device_id()) +
+                    "; all tensors must be on one device");
+}
+
+void check_separate(const OpContext& ctx, const SizedArg& out, const SizedArg& other) {
+  const int64_t ob = out.extent_bytes(), ib = other.extent_bytes();
+  if (ob == 0 || ib == 0) return;
+  const auto o0 = reinterpret_cast<uintptr_t>(out.data()), i0 = reinterpret_cast<uintptr_t>(other.data());
+  if (o0 + uintptr_t(ob) <= i0 || i0 + uintptr_t(ib) <= o0) return;
+  throw_value_error(op_prefix(ctx) + out.name() + " overlaps " + other.name() + "; they must be separate memory");
+}
+
+bool overlaps_itself(const SizedArg& a) {
+  // In order of increasing stride, each stride must pass the span of the smaller ones.
+  std::vector<std::pair<int64_t, int64_t>> dims_by_stride;
+  for (size_t i = 0; i < a.t.ndim(); ++i) {
+    if (a.shape(i) > 1) dims_by_stride.emplace_back(a.stride(i), a.shape(i));
+  }
+  std::sort(dims_by_stride.begin(), dims_by_stride.end());
+  int64_t span = 0;  // offset of the last element over the dimensions so far
+  for (const auto& [stride, size] : dims_by_stride) {
+    if (stride <= span) return true;
+    span += stride * (size - 1);
+  }
+  return false;
 }
 
 }  // namespace opforge

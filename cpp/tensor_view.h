@@ -106,6 +106,51 @@ void check_device_supported(const OpContext& ctx, const RowView& v);
 // Ops that work on rows of a hidden dimension refuse 0-d tensors.
 void check_has_rows(const OpContext& ctx, const TensorArg& a);
 
+// --- arguments that are not rows (nvfp4_gemv's [M, K/2, L] operands, paged attention's caches) ---
+
+// "opforge.<op>: ", the start of every message about the op's arguments.
+std::string op_prefix(const OpContext& ctx);
+
+bool has_dtype(nb::dlpack::dtype dt, nb::dlpack::dtype_code code, int bits);
+
+// "(4, 1, 8)".
+std::string dims_string(std::initializer_list<int64_t> dims);
+
+// A tensor argument with the size of its elements: what the checks on byte ranges need.
+struct SizedArg {
+  TensorArg t;
+  int elem_bytes = 1;
+
+  const char* name() const { return t.name; }
+  int64_t shape(size_t i) const { return t.shape(i); }
+  int64_t stride(size_t i) const { return t.stride(i); }
+  char* data() const { return static_cast<char*>(t.data()); }
+  int64_t numel() const;
+  // Bytes from the first to one past the last element (0 when empty).
+  int64_t extent_bytes() const;
+  // Its device as a RowView (for check_device_supported).
+  RowView device_view() const;
+};
+
+// `a` must have `rank` dimensions (`layout` names them in the error, e.g. "[M, K/2, L]") and no
+// negative stride.
+void check_rank(const OpContext& ctx, const SizedArg& a, size_t rank, const std::string& layout);
+
+// `a`'s shape must be `want` (`layout` names the dimensions in the error).
+void check_dims(const OpContext& ctx, const SizedArg& a, std::initializer_list<int64_t> want,
+                const std::string& layout);
+
+// `a` must be on `ref`'s device.
+void check_same_device(const OpContext& ctx, const SizedArg& ref, const SizedArg& a);
+
+// An output must not share a byte with another argument: byte ranges are compared (exact for
+// separate tensors, conservative for views interleaved within one buffer).
+void check_separate(const OpContext& ctx, const SizedArg& out, const SizedArg& other);
+
+// Whether two distinct index tuples of `a` reach the same element (an output would be written
+// twice there).
+bool overlaps_itself(const SizedArg& a);
+
 // Turns a launcher's cudaError_t value into opforge.CudaError naming the op (and, for a missing
 // kernel image, the archs this build has and how to rebuild).
 void check_launch(const OpContext& ctx, int err, int device);
