@@ -109,6 +109,15 @@ class Rng:
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """torch.compile tests start and end with no compiled graphs cached (a cached graph of another
+    test would hide a recompilation, or its error)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def rng(request) -> Rng:
     return Rng(zlib.crc32(request.node.nodeid.encode()))
 

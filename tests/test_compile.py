@@ -65,13 +65,6 @@ def test_registered_ops_compute_the_ops():
 # --- torch.compile ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def f_rmsnorm(x, r, w):
     return opforge.rmsnorm(x, w) * 2
 

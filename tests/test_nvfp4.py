@@ -531,13 +531,6 @@ def test_registered_op():
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.compile
 @pytest.mark.usefixtures("fresh_dynamo")
 @devices

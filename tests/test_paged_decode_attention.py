@@ -474,13 +474,6 @@ def test_registered_op():
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.compile
 @pytest.mark.usefixtures("fresh_dynamo")
 @devices
