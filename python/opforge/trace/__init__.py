@@ -1,8 +1,10 @@
 """The trace schema and its storage: FlashInfer-Trace Definitions, Workloads, Solutions and
 Traces as validated models, and TraceSet to hold them in memory, in one JSON file or in a
 dataset folder. Files are the public FlashInfer-Trace format, read and written unchanged;
-opforge's optional fields are documented where they are declared. Importing this package
-needs neither a GPU nor torch (torch is imported only where tensors are made).
+opforge's optional fields are documented where they are declared. Nothing here needs a GPU.
+torch comes in with the opforge package (``import opforge.trace`` imports ``opforge`` first, and
+opforge is a PyTorch library); the schema and storage modules themselves touch it only where
+tensors are made (blobs read from headers alone, without torch).
 """
 
 from .blob import (check_safetensors_input, load_safetensors_input, read_safetensors_header,
