@@ -39,6 +39,24 @@ def test_device_info_cpu():
         device_info("meta")
 
 
+@pytest.mark.parametrize("language, entry, binding", [("python", "kernel.py::run", None),
+                                                       ("cuda", "kernel.cu::run", None),
+                                                       ("cuda", "kernel.cu::run", "torch")])
+def test_a_cuda_device_this_process_cannot_use_is_a_build_error(cache, monkeypatch, language, entry, binding):
+    """Building for cuda where torch has no CUDA (or no GPU is visible) names why, as a BuildError
+    the runner reports (not torch's bare AssertionError), before any of the solution runs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    src = "raise SystemExit('must not be imported')\ndef run(x, w):\n    return x\n"
+    with pytest.raises(BuildError) as info:
+        build(solution(f"on_cuda_{language}_{binding}", src, entry=entry, language=language, binding=binding,
+                       target=("cuda",)), mul_definition(), "cuda")
+    assert info.value.kind == UNSUPPORTED
+    assert "device cuda: " in str(info.value)
+    assert ("built without CUDA" if torch.version.cuda is None else "no CUDA device is visible") in str(info.value)
+    with pytest.raises(ValueError, match="device cuda:0: "):
+        device_info("cuda:0")
+
+
 def test_target_hardware_refused_before_anything_runs(cache):
     src = "raise SystemExit('must not be imported')\ndef run(x, w):\n    return x\n"
     with pytest.raises(BuildError) as info:

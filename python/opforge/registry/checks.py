@@ -56,7 +56,8 @@ class DeviceInfo:
 
 def device_info(device=None) -> DeviceInfo:
     """Describe ``device`` ("cpu", "cuda", "cuda:1", torch.device); None: the current CUDA
-    device when one is visible, else the CPU. Queries the GPU only for a CUDA device."""
+    device when one is visible, else the CPU. Queries the GPU only for a CUDA device; ValueError
+    naming why for a CUDA device this process cannot use."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
@@ -64,7 +65,13 @@ def device_info(device=None) -> DeviceInfo:
         return DeviceInfo("cpu")
     if device.type != "cuda":
         raise ValueError(f"device {device}: accepted: cpu, cuda, cuda:<index>")
+    if not torch.cuda.is_available():
+        why = (f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None
+               else "no CUDA device is visible here")
+        raise ValueError(f"device {device}: {why}")
     index = device.index if device.index is not None else torch.cuda.current_device()
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     major, minor = torch.cuda.get_device_capability(index)
     return DeviceInfo("cuda", index, major * 10 + minor, torch.cuda.get_device_name(index))
 

@@ -100,7 +100,10 @@ def build(solution, definition, device=None, *, fn: Optional[Callable] = None) -
     if fn is None and package and importlib.util.find_spec(package) is None:
         raise BuildError(UNSUPPORTED, solution.name, f"language {language} needs the {package} package; it is not installed")
     check_dependencies(solution)
-    device = device_info(device)
+    try:
+        device = device_info(device)
+    except ValueError as exc:  # e.g. device cuda with a CPU-only torch: the solution cannot be built here
+        raise BuildError(UNSUPPORTED, solution.name, str(exc)) from None
     check_hardware(solution, device)
     if language == "builtin":
         from .builtin import check_device
