@@ -14,6 +14,8 @@ $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 # triton (its interpreter runs Triton solutions on the CPU) and apache-tvm-ffi (FlashInfer-Bench
 # style CUDA/C++ solutions) let the registry tests cover those builders too.
 $PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" triton apache-tvm-ffi
+# matplotlib reads the HTML report's browser screenshot in tests/report (the package does not need it).
+$PY -m pip install -q matplotlib
 # transformers (the optional extra) lets tests/integrations check opforge.patch on tiny random models.
 $PY -m pip install -q "transformers>=5.0"
 # A headless browser renders the HTML report in tests/report (CI runs as root on Debian).

@@ -13,6 +13,9 @@
     EVIL          RUNTIME     0.050     -          -           (a name and a log with HTML in them)
     unused        -           -         -          -
 
+and batch=65536, a workload of the dataset that no solution has a trace for (the runner
+writes none for what it skips, e.g. a tensor over --max-elements).
+
 Plus the stale traces the latest ones must win over, and ``mul_idle``: a definition with a
 solution and a workload but no traces. Also the fixtures of the report tests (test modules
 import them by name, as the registry tests do): ``trace_set``, ``dataset_json`` and
@@ -45,6 +48,7 @@ EVIL = f"{DEF}_evil<img src=x onerror=document.body.setAttribute('data-pwned',1)
 EVIL_LOG = ("<script>document.body.setAttribute('data-pwned','log')</script> Traceback line one\n"
             "second line of the log with <b>markup</b>")
 BATCHES = (1, 16, 256, 4096)
+UNTRACED = 65536
 HARDWARE = "NVIDIA H200"
 LIBS = {"torch": "2.6.0", "triton": "3.2.0"}
 KERNEL = "def run(x, w):\n    return x * w\n"
@@ -108,7 +112,7 @@ def build_trace_set() -> TraceSet:
     # Added out of report order: the report puts the reference and the builtin first.
     for name in (FAST, REF, STEADY, BUILTIN, FLAKY, SLOW, BROKEN, EVIL, UNUSED):
         ts.add_solution(solution(name, KERNEL, definition=DEF))
-    for batch in BATCHES:
+    for batch in BATCHES + (UNTRACED,):
         ts.add_workload(DEF, workload(batch))
     traces = []
     for b in BATCHES:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import base64
+import html
+import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Optional
@@ -79,10 +80,11 @@ def table_rows(table: Element) -> list[list[Element]]:
     return [[c for c in tr.children if isinstance(c, Element) and c.tag in ("td", "th")] for tr in body.find_all("tr")]
 
 
-SVG_PREFIX = "data:image/svg+xml;base64,"
+def svgs(text: str) -> list[str]:
+    """The inline <svg> plots of a page, as the XML text of each."""
+    return re.findall(r"<svg\b.*?</svg>", text, re.S)
 
 
-def svg_of(img: Element) -> str:
-    src = img.attrs["src"]
-    assert src.startswith(SVG_PREFIX), src[:60]
-    return base64.b64decode(src[len(SVG_PREFIX):]).decode("utf-8")
+def svg_texts(svg: str) -> list[str]:
+    """The text of every <text> element of a plot (tick labels, axis labels, title), in order."""
+    return [html.unescape(t) for t in re.findall(r"<text\b[^>]*>(.*?)</text>", svg, re.S)]

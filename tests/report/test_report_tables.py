@@ -11,8 +11,8 @@ from rich.console import Console
 from opforge.report import best, print_best, print_summary, rows_to_json, summarize
 from opforge.trace import TraceSet
 from report_data import trace_set  # noqa: F401 (a fixture)
-from report_data import (BROKEN, BUILTIN, DEF, EVIL, FAST, FLAKY, KERNEL, REF, SLOW, STEADY, SUSPECT_REASON, UNUSED,
-                         mul_definition, passed, solution)
+from report_data import (BROKEN, BUILTIN, DEF, EVIL, FAST, FLAKY, KERNEL, REF, SLOW, STEADY, SUSPECT_REASON, UNTRACED,
+                         UNUSED, mul_definition, passed, solution)
 
 
 def _by_solution(rows):
@@ -27,7 +27,9 @@ def test_summary_has_one_row_per_solution_of_each_traced_definition(trace_set):
 
 def test_summary_of_a_solution_with_a_suspect_timing(trace_set):
     fast = _by_solution(summarize(trace_set))[FAST]
-    assert (fast.workloads, fast.passed, fast.failed, fast.suspect) == (4, 4, 0, 1)
+    # Five workloads in the dataset, one of them never run: 4 of 5 passed, not 4 of 4.
+    assert (fast.workloads, fast.passed, fast.failed, fast.suspect) == (5, 4, 0, 1)
+    assert fast.not_run == [f"batch={UNTRACED}"]
     assert fast.statuses == {"PASSED": 4}
     # The suspect 0.0001 ms at batch=1 is left out of every average.
     assert fast.median_latency_ms == pytest.approx(0.020)
@@ -57,7 +59,7 @@ def test_summary_medians_and_geomeans(trace_set):
 def test_summary_counts_failures_by_status(trace_set):
     rows = _by_solution(summarize(trace_set))
     flaky = rows[FLAKY]
-    assert (flaky.workloads, flaky.passed) == (4, 2)
+    assert (flaky.workloads, flaky.passed, flaky.failed) == (5, 2, 2)
     assert flaky.statuses == {"PASSED": 2, "INCORRECT_NUMERICAL": 1, "RUNTIME_ERROR": 1}
     assert flaky.median_latency_ms == pytest.approx((0.0035 + 0.28) / 2)
     assert rows[SLOW].statuses == {"PASSED": 3, "TIMEOUT": 1}
@@ -65,8 +67,28 @@ def test_summary_counts_failures_by_status(trace_set):
     assert broken.statuses == {"COMPILE_ERROR": 4} and broken.passed == 0
     assert broken.median_latency_ms is broken.speedup_vs_reference is broken.speedup_vs_baseline is None
     assert rows[EVIL].statuses == {"PASSED": 1, "RUNTIME_ERROR": 1}
+    assert rows[EVIL].not_run == ["batch=256", "batch=4096", f"batch={UNTRACED}"] and rows[EVIL].failed == 1
     unused = rows[UNUSED]
-    assert (unused.workloads, unused.passed, unused.statuses, unused.hardware) == (0, 0, {}, [])
+    assert (unused.workloads, unused.passed, unused.failed, unused.statuses, unused.hardware) == (5, 0, 0, {}, [])
+    assert len(unused.not_run) == 5
+
+
+def test_summary_names_the_dtypes(trace_set):
+    from opforge.report.fmt import dtype_detail, dtype_label
+    from opforge.trace import AxisConst, AxisVar, Definition, TensorSpec
+
+    assert {r.dtype for r in summarize(trace_set)} == {"float32 → float32"}
+    definition = Definition(
+        name=DEF, op_type="mul", axes={"batch": AxisVar(), "hidden": AxisConst(value=8)},
+        inputs={"x": TensorSpec(shape=["batch", "hidden"], dtype="bfloat16"),
+                "w": TensorSpec(shape=["hidden"], dtype="float32"), "idx": TensorSpec(shape=["batch"], dtype="int32"),
+                "eps": TensorSpec(shape=None, dtype="float32")},
+        outputs={"y": TensorSpec(shape=["batch", "hidden"], dtype="bfloat16")},
+        reference="def run(x, w, idx, eps):\n    return x * w\n")
+    # Distinct tensor dtypes in order; the scalar eps is left out of the short form only.
+    assert dtype_label(definition) == "bfloat16, float32, int32 → bfloat16"
+    assert dtype_detail(definition) == ("inputs: x bfloat16, w float32, idx int32, eps float32 (scalar); "
+                                        "outputs: y bfloat16")
 
 
 def test_best_per_workload_leaves_suspect_timings_out(trace_set):

@@ -327,7 +327,8 @@ def test_dead_workers_are_reported_with_their_last_lines():
     trace = Trace(definition=DEF, workload=Workload(uuid="w", axes={"batch": 4}, inputs={}), solution="s",
                   evaluation=Evaluation(status=EvaluationStatus.RUNTIME_ERROR, log=log,
                                         environment={"hardware": "cpu"}, timestamp="2026-01-01T00:00:00Z"))
-    text = display.line(trace)
+    text = display.worker_output(trace)
+    assert text.startswith(f"{DEF}  s  batch=4  ") and "RUNTIME_ERROR" in text.splitlines()[0]
     assert "Segmentation fault" in text and 'line 7 in run' in text
     from rich.console import Console
 

@@ -97,7 +97,6 @@ def open_dataset(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..report.console import print_tables
     from . import display
@@ -110,40 +109,35 @@ def run(args: argparse.Namespace) -> int:
     trace_set = open_dataset(args)
     console = Console()
     where = trace_set.single_file or trace_set.root
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=None)
-
-        def started(total: int) -> None:
-            progress.update(task, total=total)
-
-        def finished(item) -> None:
-            progress.console.print(display.line(item), highlight=False, soft_wrap=True)
-            progress.advance(task)
-
-        bench = Benchmark(trace_set, config, on_start=started, on_result=finished)
-        try:
-            bench.run_all()
-        except ValueError as exc:
-            raise SystemExit(f"opforge run: {exc}") from None
-        except KeyboardInterrupt:
-            progress.stop()
-            console.print(f"interrupted: {len(bench.result.traces)} traces recorded in {where}; "
-                          "`opforge run --resume` with the same options goes on from there", soft_wrap=True)
-            return 130
-    items = bench.result.traces + bench.result.skipped
+    progress = display.RunProgress(console)
+    bench = Benchmark(trace_set, config, on_start=progress.start, on_result=progress.finished)
+    try:
+        bench.run_all()
+    except ValueError as exc:
+        raise SystemExit(f"opforge run: {exc}") from None
+    except KeyboardInterrupt:
+        progress.stop()
+        console.print(f"interrupted: {len(bench.result.traces)} traces recorded in {where}; "
+                      "`opforge run --resume` with the same options goes on from there", soft_wrap=True)
+        return 130
+    finally:
+        progress.stop()
+    items = progress.items  # in the order they finished
     if not items:
         from .builtin_offer import nothing_to_run
 
         why, mistake = nothing_to_run(trace_set, args.definitions, args.solutions, config.modules, config.resume)
         console.print(f"opforge run: nothing to run: {why}", soft_wrap=True, highlight=False)
         return 1 if mistake else 0
-    print_tables(None, display.results_tables(items))
+    print_tables(None, [display.results_table(items)])
+    for tail in filter(None, map(display.worker_output, items)):
+        console.print(tail, highlight=False, soft_wrap=True)
     failed = [t for t in bench.result.traces if not t.is_successful()]
     suspect = [t for t in bench.result.traces if t.is_successful() and t.evaluation.performance.suspect]
     console.print(f"{len(bench.result.traces) - len(failed)} passed, {len(failed)} failed, "
                   f"{len(bench.result.skipped)} skipped, {len(suspect)} suspect timings; seed {bench.seed}; "
                   f"traces in {where}", soft_wrap=True, highlight=False)
+    console.print(f"next: {display.next_command(where, BUILTIN_OUTPUT)}", soft_wrap=True, highlight=False)
     return 1 if failed else 0
 
 

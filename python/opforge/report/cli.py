@@ -8,8 +8,7 @@
 
 Without --dataset the results of ``opforge run`` on the built-in dataset are read
 (./opforge-runs/builtin). Names in --definitions and --solutions may be glob patterns
-("rmsnorm_*"). Exit status: 0 done, 1 nothing to report or matplotlib missing, 2 bad arguments
-or an unreadable dataset.
+("rmsnorm_*"). Exit status: 0 done, 1 nothing to report, 2 bad arguments or an unreadable dataset.
 """
 
 from __future__ import annotations
@@ -42,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                            "solution of each definition overall.")
     best.add_argument("--json", action="store_true", help="print the rows as JSON")
     page = commands.add_parser("html", parents=[common], help="a self-contained HTML report with plots",
-                               description="Write one HTML file with the summary, latency and bandwidth plots, "
-                                           "status matrices and the best solutions (needs matplotlib).")
+                               description="Write one HTML file with the summary (dtypes, workloads not run), "
+                                           "latency and bandwidth plots, status matrices and the best solutions.")
     page.add_argument("-o", "--output", type=Path, default=Path("report.html"), metavar="FILE",
                       help="where to write it (default: report.html)")
     page.add_argument("--title", default="opforge benchmark report", help="title of the page")
@@ -84,10 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"no evaluated traces in {path}{' match the filters' if filtered else ''}", 1)
 
     if args.report_command == "html":
-        try:
-            out = write_html(trace_set, args.output, args.definitions, args.solutions, args.hardware, title=args.title)
-        except ImportError as exc:
-            return _fail(str(exc), 1)
+        out = write_html(trace_set, args.output, args.definitions, args.solutions, args.hardware, title=args.title)
         traces = sum(len(v.cells) for v in views)
         print(f"wrote {out} ({fmt.count(len(views), 'definition')}, {fmt.count(traces, 'trace')})")
         return 0

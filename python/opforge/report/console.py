@@ -36,10 +36,13 @@ def _vs_baseline(row) -> Text:
     return _text(fmt.vs_baseline(row.speedup_vs_baseline, len(row.baseline_earlier), row.baseline_ratios))
 
 
-def _footnote(table: Table, rows, mean: bool) -> None:
+def _caption(table: Table, rows, mean: bool) -> None:
+    """Which way the speedup columns point, and the earlier-baseline footnote when one is marked."""
     runs = [run for r in rows for run in r.baseline_earlier]
+    notes = [f"vs ref / vs baseline: {fmt.SPEEDUP_MEANING} ({fmt.SPEEDUP_DEFINITION})"]
     if runs:
-        table.caption = fmt.earlier_note(runs, mean)
+        notes.append(fmt.earlier_note(runs, mean))
+    table.caption = "\n".join(notes)
 
 
 def print_tables(console: Optional[Console], tables: Sequence[Table]) -> None:
@@ -64,18 +67,19 @@ def print_summary(rows: Sequence[SummaryRow], console: Optional[Console] = None)
     title = "Summary (medians and geomeans over passed, non-suspect workloads)"
     if len(hardware) == 1:
         title += f" on {hardware[0]}"
-    table = _table(title, ("definition", "solution", "lang", "#passed", "failures", "#latency µs", "#GB/s", "#% peak",
-                           "#vs ref", "#vs baseline", "#suspect") + (("hardware",) if per_row else ()))
+    table = _table(title, ("definition", "dtype", "solution", "lang", "#passed", "failures", "#not run", "#latency µs",
+                           "#GB/s", "#% peak", "#vs ref", "#vs baseline", "#suspect") + (("hardware",) if per_row else ()))
     for r in rows:
-        ok = "green" if r.workloads and r.passed == r.workloads else "red" if r.workloads else "dim"
-        table.add_row(_text(r.definition), _text(r.solution, "bold"), _text(r.language),
+        ok = "green" if r.workloads and r.passed == r.workloads else "red" if r.failed else "yellow"
+        table.add_row(_text(r.definition), _text(r.dtype), _text(r.solution, "bold"), _text(r.language),
                       _text(f"{r.passed}/{r.workloads}", ok),
                       _text(fmt.failures(r.statuses), "red" if r.failed else ""),
+                      _text(len(r.not_run) or "", "yellow"),
                       _text(fmt.us(r.median_latency_ms)), _text(fmt.gbps(r.median_gbps)),
                       _text(fmt.pct(r.median_percent_of_peak)), _text(fmt.times(r.speedup_vs_reference)),
                       _vs_baseline(r), _text(r.suspect or "", "yellow" if r.suspect else ""),
                       *((_text(", ".join(r.hardware)),) if per_row else ()))
-    _footnote(table, rows, mean=True)
+    _caption(table, rows, mean=True)
     print_tables(console, [table])
 
 
@@ -101,6 +105,6 @@ def print_best(rows: Sequence[BestRow], console: Optional[Console] = None) -> No
                                  _text(fmt.pct(r.percent_of_peak)), _vs_baseline(r),
                                  _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
                                  _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
-    _footnote(per_workload, [r for r in rows if not r.overall], mean=False)
-    _footnote(overall, [r for r in rows if r.overall], mean=True)
+    _caption(per_workload, [r for r in rows if not r.overall], mean=False)
+    _caption(overall, [r for r in rows if r.overall], mean=True)
     print_tables(console, [per_workload, overall])

@@ -69,6 +69,32 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
+def dtype_label(definition) -> str:
+    """The distinct dtypes of a Definition's tensors, inputs then outputs: ``bfloat16 → bfloat16``,
+    ``float16, int32 → float16, float32`` (scalar inputs left out: they rarely decide speed)."""
+
+    def distinct(specs) -> str:
+        return ", ".join(dict.fromkeys(str(s.dtype.value) for s in specs.values() if s.shape is not None)) or NONE
+
+    return f"{distinct(definition.inputs)} → {distinct(definition.outputs)}"
+
+
+def dtype_detail(definition) -> str:
+    """Every tensor's dtype: ``inputs: x bfloat16, w bfloat16; outputs: y bfloat16``."""
+
+    def each(specs) -> str:
+        return ", ".join(f"{n} {s.dtype.value}" + ("" if s.shape is not None else " (scalar)")
+                         for n, s in specs.items())
+
+    return f"inputs: {each(definition.inputs)}; outputs: {each(definition.outputs)}"
+
+
+#: What every table with speedups says once: which way is better, and why.
+SPEEDUP_MEANING = "above 1× is faster, below 1× slower"
+SPEEDUP_DEFINITION = "the other's latency ÷ this one's"
+SPEEDUP_NOTE = f"Speedup = {SPEEDUP_DEFINITION}: {SPEEDUP_MEANING}"
+
+
 def failures(statuses: dict[str, int]) -> str:
     """``1 wrong values, 2 timeout`` from status counts (PASSED left out)."""
     parts = [f"{n} {SHORT_STATUS.get(s, s)}" for s, n in statuses.items() if s != EvaluationStatus.PASSED.value and n]

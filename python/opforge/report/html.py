@@ -1,17 +1,20 @@
-"""The HTML report: one self-contained file (inline CSS, plots as SVG data URIs, no script).
+"""The HTML report: one self-contained file (inline CSS, inline SVG plots, no script).
 
 Everything from the dataset (solution and author names, logs, hardware names) may come from
-anyone who can submit a solution, so every such string goes through ``_e`` (html.escape). The
-plots are embedded as <img> data URIs, in which a browser never runs script, and a
-Content-Security-Policy that allows no script at all backs both up.
+anyone who can submit a solution, so every such string goes through ``_e`` (html.escape), in
+the tables and in the plots alike, and a Content-Security-Policy that allows no script at all
+backs that up.
+
+The page states what a reader would otherwise guess: the dtypes of each definition, the
+workloads that were not run (the runner writes no trace for what it skips, so a count of
+traces alone would read "4/4 passed" where 49 workloads never ran), and which way a speedup
+points.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import re
-import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional, Union
@@ -19,15 +22,15 @@ from typing import Iterable, Optional, Union
 from ..trace import EvaluationStatus, Trace, TraceSet
 from . import fmt
 from .best import BestRow, best_of
-from .plots import Point, Series, finite, line_plot, require_matplotlib
-from .select import DefinitionView, collect, parse_timestamp
-from .stats import (believable, earlier_baseline, first_line, max_over_median, passed, speedup_vs_baseline,
-                    speedup_vs_reference, spread, timing_range)
+from .figures import plots
+from .select import DefinitionView, collect, parse_timestamp, untraced_definitions
+from .stats import (earlier_baseline, first_line, max_over_median, speedup_vs_baseline, speedup_vs_reference, spread,
+                    timing_range)
 from .style import CSS
 from .summary import SummaryRow, summary_rows
 
 _LOG_TITLE_CHARS = 2000
-_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+_CSP = "default-src 'none'; style-src 'unsafe-inline'"
 
 
 def _e(value) -> str:
@@ -45,7 +48,7 @@ def _fmt_time(value: Optional[datetime]) -> str:
 # --- header --------------------------------------------------------------------------------
 
 
-def _header(trace_set: TraceSet, views: list[DefinitionView], title: str) -> str:
+def _header(trace_set: TraceSet, views: list[DefinitionView], title: str, idle: list[str]) -> str:
     traces = [t for v in views for t in v.cells.values()]
     hardware = sorted({t.evaluation.environment.hardware for t in traces})
     devices = sorted({t.evaluation.device for t in traces if t.evaluation.device})
@@ -62,6 +65,7 @@ def _header(trace_set: TraceSet, views: list[DefinitionView], title: str) -> str
         ("runs", f"{_fmt_time(times[0])} – {_fmt_time(times[-1])}" if times else fmt.NONE),
         ("traces", f"{fmt.count(len(traces), 'latest trace')} of {fmt.count(len(solutions), 'solution')} on "
                    f"{fmt.count(len(views), 'definition')}"),
+        ("not run", _not_run_summary(views, idle)),
     ]
     if trace_set.root is not None:
         items.append(("dataset", str(trace_set.root)))
@@ -70,6 +74,32 @@ def _header(trace_set: TraceSet, views: list[DefinitionView], title: str) -> str
     nav = " ".join(f'<a href="#{_e(_anchor(i, v.name))}">{_e(v.name)}</a>' for i, v in enumerate(views))
     return (f'<header><h1>{_e(title)}</h1><dl class="meta">{meta}</dl></header>'
             f'<nav><p class="muted">Definitions: {nav or fmt.NONE}</p></nav>')
+
+
+def _not_run_summary(views: list[DefinitionView], idle: list[str]) -> str:
+    pairs = sum(len(v.not_run(s.name)) for v in views for s in v.solutions)
+    text = f"{fmt.count(pairs, 'solution-workload pair')} in the definitions shown"
+    if idle:
+        text += f"; {fmt.count(len(idle), 'definition')} with no trace at all: {', '.join(idle)}"
+    return text
+
+
+_READING_KEY = (
+    '<section id="key"><h2>Reading this page</h2><ul class="key-list">'
+    f"<li><b>Speedups</b> (vs reference, vs baseline): {_e(fmt.SPEEDUP_MEANING)} (speedup = "
+    f"{_e(fmt.SPEEDUP_DEFINITION)}).</li>"
+    "<li><b>Plots</b>: one line per solution, the reference dashed; bars span p10 to p90 of the timed runs; a "
+    "red-edged ✕ is a suspect timing, kept off the line. An axis spanning more than 10× is logarithmic, "
+    "any other starts at zero. Hover a point for its value.</li>"
+    "<li><b>Spread</b>: p90/p10 of the timed runs (about 1.05× on a quiet machine; tens mean the median is luck)."
+    "</li>"
+    '<li><b>Status</b>: <span class="key"><span class="st-passed">passed</span>'
+    '<span class="suspect">⚠ suspect timing</span><span class="st-incorrect_numerical">incorrect</span>'
+    '<span class="st-runtime_error">runtime error</span><span class="st-compile_error">compile error</span>'
+    '<span class="st-timeout">timeout</span><span class="st-none">not run</span></span> '
+    '<span class="best-mark">★</span> fastest of several on that workload; hover a cell for its numbers or log.</li>'
+    "<li><b>Not run</b> means no trace in the dataset: the run skipped it (larger than --max-elements allows, "
+    "not supported by the solution, inputs missing) or never ran it.</li></ul></section>")
 
 
 # --- cells shared by the tables ------------------------------------------------------------
@@ -103,103 +133,33 @@ def _spread_detail(spread_x: Optional[float], tail: Optional[float]) -> str:
 
 
 def _summary_table(rows: list[SummaryRow], anchors: dict[str, str]) -> str:
-    head = ("definition", "solution", "author", "language", "passed", "failures", "median latency (µs)",
-            "median GB/s", "median % of peak", "vs reference (geomean)", "vs baseline (geomean)", "suspect timings",
-            "hardware")
+    several = len({h for r in rows for h in r.hardware}) > 1  # one machine is in the header
+    head = ("definition", "dtype", "solution", "author", "language", "passed", "failures", "not run",
+            "median latency (µs)", "median GB/s", "median % of peak", "vs reference (geomean)",
+            "vs baseline (geomean)", "suspect timings") + (("hardware",) if several else ())
     body = []
     for r in rows:
         suspect = (f'<td class="n suspect"><span class="flag">⚠ {r.suspect}</span></td>' if r.suspect
                    else '<td class="n">0</td>')
+        not_run = (f'<td class="n not-run" title="{_e(", ".join(r.not_run))}">{len(r.not_run)}</td>'
+                   if r.not_run else '<td class="n">0</td>')
+        hardware = f"<td>{_e(', '.join(r.hardware))}</td>" if several else ""
         body.append(
             "<tr>"
             f'<td class="name"><a href="#{_e(anchors[r.definition])}">{_e(r.definition)}</a></td>'
+            f'<td class="dtype">{_e(r.dtype)}</td>'
             f'<td class="name"><b>{_e(r.solution)}</b></td><td>{_e(r.author)}</td><td>{_e(r.language)}</td>'
-            f'<td class="n">{r.passed}/{r.workloads}</td><td>{_e(fmt.failures(r.statuses))}</td>'
+            f'<td class="n">{r.passed}/{r.workloads}</td><td>{_e(fmt.failures(r.statuses))}</td>{not_run}'
             f'<td class="n">{_e(fmt.us(r.median_latency_ms))}</td><td class="n">{_e(fmt.gbps(r.median_gbps))}</td>'
             f'<td class="n">{_e(fmt.pct(r.median_percent_of_peak))}</td>'
             f'<td class="n">{_e(fmt.times(r.speedup_vs_reference))}</td>{_vs_baseline_cell(r)}'
-            f"{suspect}<td>{_e(', '.join(r.hardware))}</td></tr>")
+            f"{suspect}{hardware}</tr>")
     header = "".join(f"<th>{_e(h)}</th>" for h in head)
     return (f'<section id="summary"><h2>Summary</h2><p class="muted">Medians and geometric means over the passed '
-            f"workloads whose timing is not suspect.</p>"
+            f"workloads whose timing is not suspect; passed counts every workload of the definition, run or "
+            f"not. {_e(fmt.SPEEDUP_NOTE)}.</p>"
             f'<div class="scroll"><table class="summary"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody>'
             f"</table></div>{_earlier_footnote(rows, mean=True)}</section>")
-
-
-# --- plots ---------------------------------------------------------------------------------
-
-
-def _x_axis(view: DefinitionView):
-    """(x value per workload uuid, x label, labelled ticks or None)."""
-    var = view.definition.var_axes
-    if len(var) == 1 and all(var[0] in w.axes for w in view.workloads):
-        return {w.uuid: float(w.axes[var[0]]) for w in view.workloads}, var[0], None
-    xs = {w.uuid: float(i) for i, w in enumerate(view.workloads)}
-    return xs, "workload", [(xs[w.uuid], w.label) for w in view.workloads]
-
-
-def _series(view: DefinitionView, metric, bounds=lambda t: None) -> list[Series]:
-    """One series per solution of ``metric(trace)``; ``bounds(trace)`` gives the (low, high)
-    range of the value when there is one."""
-    xs, _, _ = _x_axis(view)
-    out = []
-    for s in view.solutions:
-        points = []
-        for t in view.traces_of(s.name):
-            value = metric(t) if passed(t) else None
-            if finite(value) and value > 0:
-                points.append(Point(xs[t.workload.uuid], value, not believable(t), *(bounds(t) or ())))
-        out.append(Series(s.name, points))
-    return out
-
-
-def _latency_bounds_us(trace: Trace) -> Optional[tuple[float, float]]:
-    bounds = timing_range(trace)
-    return (bounds[0] * 1e3, bounds[1] * 1e3) if bounds else None
-
-
-def _reference_series(view: DefinitionView) -> Series:
-    """The reference's latency per workload, as the passed traces recorded it (median when runs
-    differ): the line every solution should be far below."""
-    xs, _, _ = _x_axis(view)
-    by_workload: dict[str, list[float]] = {}
-    for s in view.solutions:
-        for t in view.traces_of(s.name):
-            ref = t.evaluation.performance.reference_latency_ms if passed(t) else None
-            if finite(ref) and ref > 0:
-                by_workload.setdefault(t.workload.uuid, []).append(ref * 1e3)
-    points = [Point(xs[uuid], statistics.median(v)) for uuid, v in by_workload.items()]
-    return Series(f"{view.name}_reference", points)
-
-
-def _img(svg: Optional[str], alt: str, caption: str) -> str:
-    if svg is None:
-        return f'<figure><p class="muted">{_e(caption)}: no passed timings to plot.</p></figure>'
-    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-    return (f'<figure><img alt="{_e(alt)}" src="data:image/svg+xml;base64,{data}">'
-            f"<figcaption>{_e(caption)}</figcaption></figure>")
-
-
-def _plots(view: DefinitionView) -> str:
-    _, xlabel, xticks = _x_axis(view)
-    solutions = _series(view, lambda t: t.evaluation.performance.latency_ms * 1e3, _latency_bounds_us)
-    latency = line_plot(solutions + [_reference_series(view)], xlabel=xlabel, ylabel="latency (µs)",
-                        title=f"{view.name}: latency", xticks=xticks)
-    perfs = [t.evaluation.performance for t in view.cells.values() if passed(t)]
-    if any(p.percent_of_peak is not None for p in perfs):
-        metric, label = (lambda t: t.evaluation.performance.percent_of_peak), "% of peak bandwidth"
-    elif any(p.achieved_gbps is not None for p in perfs):
-        metric, label = (lambda t: t.evaluation.performance.achieved_gbps), "achieved GB/s"
-    else:
-        metric, label = None, "bandwidth"
-    bandwidth = (line_plot(_series(view, metric), xlabel=xlabel, ylabel=label, title=f"{view.name}: {label}",
-                           xticks=xticks) if metric else None)
-    return ('<div class="plots">'
-            + _img(latency, f"latency of each solution of {view.name} per workload",
-                   "Latency per workload (lower is better); bars span p10 to p90 of the timed runs")
-            + _img(bandwidth, f"{label} of each solution of {view.name} per workload",
-                   f"{label.capitalize()} per workload")
-            + "</div>")
 
 
 # --- status matrix -------------------------------------------------------------------------
@@ -257,18 +217,24 @@ def _status_matrix(view: DefinitionView, winners: dict[str, str]) -> str:
             else:
                 cells.append(_failed_cell(t))
         rows.append(f'<tr><th class="name">{_e(s.name)}</th>{"".join(cells)}</tr>')
-    key = ('<p class="key"><span class="st-passed">passed</span><span class="suspect">⚠ suspect timing</span>'
-           '<span class="st-incorrect_numerical">incorrect</span><span class="st-runtime_error">runtime error</span>'
-           '<span class="st-compile_error">compile error</span><span class="st-timeout">timeout</span>'
-           '<span class="best-mark">★ fastest</span></p>')
-    return (f'<h3>Status</h3>{key}<div class="scroll"><table class="status-matrix"><thead><tr>'
-            f"<th>solution \\ workload</th>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
+    untraced = ""
+    if view.untraced:
+        untraced = (f'<p class="not-run">Not run by any solution ({len(view.untraced)} of '
+                    f"{fmt.count(len(view.all_workloads), 'workload')}): "
+                    f"{_e(', '.join(w.label for w in view.untraced))}</p>")
+    return (f'<h3>Status</h3><div class="scroll"><table class="status-matrix"><thead><tr>'
+            f"<th>solution \\ workload</th>{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+            f"{untraced}")
 
 
 # --- best ----------------------------------------------------------------------------------
 
 
 def _best_table(rows: list[BestRow]) -> str:
+    if not any(r.candidates > 1 for r in rows if not r.overall):
+        # A ranking of one is the status matrix again; its numbers are in the cells and plots.
+        return ('<p class="muted">No workload has two solutions with comparable timings: nothing to rank. '
+                "Hover a status cell for its speedups, spread and % of peak.</p>")
     head = ("workload", "fastest", "latency (µs)", "spread (p90/p10)", "GB/s", "% of peak", "vs baseline",
             "vs reference", "runner-up", "margin", "note")
     body = []
@@ -319,18 +285,20 @@ def _definition_section(view: DefinitionView, anchor: str) -> str:
     d = view.definition
     consts = ", ".join(f"{k}={v}" for k, v in d.const_axes.items())
     rows = best_of(view)
-    winners = {r.uuid: r.solution for r in rows if not r.overall and r.solution}
-    about = f"op type {d.op_type}" + (f"; constant axes {consts}" if consts else "")
-    return (f'<section class="definition" id="{_e(anchor)}"><h2>{_e(d.name)}</h2><p class="muted">{_e(about)}</p>'
-            f"{_plots(view)}{_status_matrix(view, winners)}{_best_table(rows)}</section>")
+    # A star among one candidate says nothing.
+    winners = {r.uuid: r.solution for r in rows if not r.overall and r.solution and r.candidates > 1}
+    about = f"op type {d.op_type}; dtype {fmt.dtype_label(d)}" + (f"; constant axes {consts}" if consts else "")
+    return (f'<section class="definition" id="{_e(anchor)}"><h2>{_e(d.name)}</h2>'
+            f'<p class="muted" title="{_e(fmt.dtype_detail(d))}">{_e(about)}</p>'
+            f"{plots(view)}{_status_matrix(view, winners)}{_best_table(rows)}</section>")
 
 
 def render_html(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
                 solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None,
                 title: str = "opforge benchmark report") -> str:
     """The report as HTML text (see write_html)."""
-    require_matplotlib()  # fail before any work, and the same way with or without traces
     views = collect(trace_set, definitions, solutions, hardware)
+    idle = untraced_definitions(trace_set, views, definitions, solutions)
     anchors = {v.name: _anchor(i, v.name) for i, v in enumerate(views)}
     summary = [row for v in views for row in summary_rows(v)]
     sections = "".join(_definition_section(v, anchors[v.name]) for v in views)
@@ -341,7 +309,8 @@ def render_html(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None
             f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{_e(title)}</title><style>{CSS}</style></head>"
-            f"<body><main>{_header(trace_set, views, title)}{_summary_table(summary, anchors)}{sections}"
+            f"<body><main>{_header(trace_set, views, title, idle)}{_READING_KEY}{_summary_table(summary, anchors)}"
+            f"{sections}"
             f'<footer><p class="muted">Latest trace per definition, workload and solution. Generated by opforge.'
             f"</p></footer></main></body></html>\n")
 
@@ -350,9 +319,10 @@ def write_html(trace_set: TraceSet, path: Union[str, Path] = "report.html", defi
                solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None,
                title: str = "opforge benchmark report") -> Path:
     """Write the report to ``path`` as one self-contained HTML file: a header (hardware,
-    libraries, time range of the runs), the summary table, and per definition the latency (with
-    p10-p90 bars) and bandwidth plots, a status matrix (solutions x workloads) and the best solution per workload.
-    Filters as in ``summarize``. Draws its plots with matplotlib."""
+    libraries, time range of the runs, what was not run), the summary table, and per definition
+    its dtypes, the latency (with p10-p90 bars) and bandwidth plots, a status matrix (solutions
+    x workloads, "not run" included) and the best solution per workload. Filters as in
+    ``summarize``."""
     text = render_html(trace_set, definitions, solutions, hardware, title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

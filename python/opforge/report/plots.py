@@ -1,22 +1,40 @@
-"""Plots of the HTML report, drawn with matplotlib into SVG text.
+"""Line plots of the HTML report, written as SVG text.
 
-matplotlib (a dependency of opforge) is imported only when a plot is drawn, so the rest of the
-report and the runner start without it. Figures are made with matplotlib.figure.Figure directly rather than pyplot, so
-no GUI backend is picked and no global figure state is touched.
+Written by hand rather than drawn with matplotlib: a report has two plots per definition, and a
+matplotlib figure costs 0.1-0.3 s and 15-50 KB of SVG, which made the report of the built-in
+dataset (over 100 plots) take tens of seconds and several MB. These cost well under a
+millisecond and a few KB each, and a point's exact value is in its tooltip.
+
+A plot has one y quantity in one unit on one axis (no second axis): logarithmic when its
+values, p10-p90 bars included, span more than 10x, else linear from zero so that heights
+compare honestly. The legend is not drawn here: the page shows one legend per definition for
+its plots, with the colors given in each Series. Every string from the data is escaped.
+
+Fonts and the strokes every plot shares are styled once by the page's stylesheet (style.py) rather
+than repeated on every element.
 """
 
 from __future__ import annotations
 
-import io
+import html
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional, Sequence
 
-INSTALL_HINT = "pip install matplotlib"
+#: Line colors, assigned per solution by the page (matplotlib's tab10, easy to tell apart).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf")
+REFERENCE_COLOR = "#555555"
+SUSPECT_EDGE = "#d00000"
 
-#: Longest solution name shown in a legend; the tables next to the plot have the full names.
-_LEGEND_CHARS = 40
-_SUSPECT_EDGE = "#d00000"
+_WIDTH, _HEIGHT = 560, 300
+_LEFT, _RIGHT, _TOP, _BOTTOM = 62, 14, 24, 42
+#: Characters of a workload label under a category x axis (the full label is in the tables).
+_TICK_CHARS = 26
+#: Width of a character of the 11 px tick labels, on average (digits and underscores).
+_CHAR_PX = 6.8
+#: Most labelled ticks on the x axis; more would overlap.
+_MAX_XTICKS = 10
 
 
 class Point(NamedTuple):
@@ -25,111 +43,170 @@ class Point(NamedTuple):
     suspect: bool = False
     low: Optional[float] = None  # the range y's samples mostly fell in (p10, p90), when known
     high: Optional[float] = None
+    note: str = ""  # the point's tooltip
 
 
 @dataclass
 class Series:
-    """One line of a plot: the points of one solution."""
+    """One line of a plot: the points of one solution (or the reference, ``dashed``)."""
 
     name: str
     points: list[Point] = field(default_factory=list)
+    color: str = PALETTE[0]
+    dashed: bool = False
 
 
-def require_matplotlib():
-    """matplotlib's Figure class; ImportError saying what to install in an environment that
-    lost it."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise ImportError("the HTML report draws its plots with matplotlib, which is not installed: "
-                          f"{INSTALL_HINT}") from exc
-    return Figure
-
-
-def _plain(text: str, limit: Optional[int] = None) -> str:
-    # "$" starts matplotlib mathtext; a name from the data must print as written.
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text.replace("$", r"\$")
+def escape(value) -> str:
+    return html.escape(str(value), quote=True)
 
 
 def _log_worthy(values: Sequence[float]) -> bool:
-    positive = [v for v in values if v > 0]
-    return len(positive) == len(values) and len(values) > 1 and max(values) / min(values) > 10
+    return len(values) > 1 and min(values) > 0 and max(values) / min(values) > 10
+
+
+def _nice_step(span: float, ticks: int = 5) -> float:
+    raw = span / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def tick_label(value: float) -> str:
+    """``0.5``, ``20``, ``1,000``, ``20k``: short, and never in exponent notation."""
+    if value >= 1e4:
+        return f"{value / 1e3:,.0f}k"
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+class _Axis:
+    """Maps data values to pixels between ``start`` and ``end`` (end < start for y)."""
+
+    def __init__(self, lo: float, hi: float, log: bool, start: float, end: float):
+        self.log, self.start, self.end = log, start, end
+        self.lo, self.hi = (math.log10(lo), math.log10(hi)) if log else (lo, hi)
+
+    def __call__(self, value: float) -> float:
+        v = math.log10(value) if self.log else value
+        return self.start + (v - self.lo) / (self.hi - self.lo) * (self.end - self.start)
+
+
+def _y_axis(values: list[float]) -> tuple[_Axis, list[float]]:
+    top, bottom = _TOP, _HEIGHT - _BOTTOM
+    if _log_worthy(values):
+        lo, hi = min(values) / 1.25, max(values) * 1.25
+        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        # Three decades or fewer get 2x and 5x ticks too, so the axis has enough labels to read.
+        steps = (1, 2, 5) if len(decades) <= 4 else (1,)
+        ticks = [m * 10.0 ** d for d in decades for m in steps if lo <= m * 10.0 ** d <= hi]
+        return _Axis(lo, hi, True, bottom, top), ticks
+    high = max(values) if max(values) > 0 else 1.0
+    step = _nice_step(high)
+    hi = math.ceil(high / step) * step
+    return _Axis(0.0, hi, False, bottom, top), [i * step for i in range(int(round(hi / step)) + 1)]
+
+
+def _x_axis(xs: list[float], categories: bool, left: float, right: float) -> _Axis:
+    lo, hi = min(xs), max(xs)
+    if categories:
+        return _Axis(lo - 0.5, hi + 0.5, False, left, right)
+    if _log_worthy(xs):
+        return _Axis(lo / 1.4, hi * 1.4, True, left, right)
+    pad = (hi - lo) * 0.06 or max(abs(lo) * 0.5, 0.5)
+    return _Axis(lo - pad, hi + pad, False, left, right)
+
+
+def _thin(ticks: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    every = math.ceil(len(ticks) / _MAX_XTICKS)
+    return ticks[::every]
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _marker(x: float, y: float, color: str, note: str, suspect: bool) -> str:
+    title = f"<title>{escape(note)}</title>" if note else ""
+    if suspect:
+        d = f"M{x - 4:.1f} {y - 4:.1f}L{x + 4:.1f} {y + 4:.1f}M{x - 4:.1f} {y + 4:.1f}L{x + 4:.1f} {y - 4:.1f}"
+        return (f'<g class="suspect-point">{title}<path d="{d}" stroke="{SUSPECT_EDGE}" stroke-width="4"/>'
+                f'<path d="{d}" stroke="{color}" stroke-width="2"/></g>')
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}">{title}</circle>'
 
 
 def line_plot(series: Sequence[Series], *, xlabel: str, ylabel: str, title: str,
               xticks: Optional[Sequence[tuple[float, str]]] = None) -> Optional[str]:
-    """An SVG line plot with one line per series through its believable points; suspect
-    points are drawn as red-edged crosses outside the line. A point with a low-high range gets
-    an error bar over it (suspect or not: a noisy point is what the bar is there to show); the
-    bars of series i are the SVG group with id ``p10-p90-<i>``. Axes spanning more than 10x are
-    logarithmic. ``xticks`` places labelled ticks (for workloads without one numeric axis).
-    None when no series has a point."""
+    """An SVG line plot: one line per series through its believable points; suspect points are
+    red-edged crosses off the line. A point with a low-high range gets a bar over it (suspect or
+    not: a noisy point is what the bar is there to show); the bars of the i-th series with
+    points are the group of class ``p10-p90`` with ``data-series="<i>"``. ``xticks`` places labelled ticks (workloads
+    without one numeric axis, drawn as categories); otherwise an x axis spanning more than 10x
+    is logarithmic with a tick at each value. None when no series has a point."""
     series = [s for s in series if s.points]
     if not series:
         return None
-    Figure = require_matplotlib()
-    from matplotlib import colormaps, rc_context
-    from matplotlib.lines import Line2D
-
-    colors = colormaps["tab10" if len(series) <= 10 else "tab20"].colors
-    fig = Figure(figsize=(7.2, 4.2), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    handles, labels = [], []
-    any_suspect = False
-    for i, s in enumerate(series):
-        color = colors[i % len(colors)]
-        points = sorted(s.points, key=lambda p: p.x)
-        good = [(p.x, p.y) for p in points if not p.suspect]
-        bad = [(p.x, p.y) for p in points if p.suspect]
-        (line,) = ax.plot([x for x, _ in good], [y for _, y in good], marker="o", markersize=4, color=color)
-        if bad:
-            any_suspect = True
-            ax.plot([x for x, _ in bad], [y for _, y in bad], linestyle="none", marker="X", markersize=9,
-                    color=color, markeredgecolor=_SUSPECT_EDGE, markeredgewidth=1.2)
-        ranged = [p for p in points if p.low is not None and p.high is not None]
-        if ranged:
-            # Clipped at zero: matplotlib refuses a negative bar length, which a median outside
-            # its own p10-p90 (from a hand-edited or inconsistent trace) would give.
-            below = [max(p.y - p.low, 0.0) for p in ranged]
-            above = [max(p.high - p.y, 0.0) for p in ranged]
-            bars = ax.errorbar([p.x for p in ranged], [p.y for p in ranged], yerr=[below, above], fmt="none",
-                               ecolor=color, elinewidth=1.2, capsize=3, alpha=0.7)
-            bars.lines[2][0].set_gid(f"p10-p90-{i}")  # lines: (data line, caps, bar collections)
-        handles.append(line)
-        labels.append(_plain(s.name, _LEGEND_CHARS))
-    if any_suspect:
-        handles.append(Line2D([], [], linestyle="none", marker="X", markersize=9, color="white",
-                              markeredgecolor=_SUSPECT_EDGE, markeredgewidth=1.2))
-        labels.append("suspect timing")
-
     xs = [p.x for s in series for p in s.points]
-    # The bars count toward the y extent: a 36x spread on a linear axis would flatten every line.
-    ys = [v for s in series for p in s.points for v in (p.y, p.low, p.high) if v is not None]
-    if xticks is None and _log_worthy(xs):
-        ax.set_xscale("log")
-    if _log_worthy(ys):
-        ax.set_yscale("log")
-    if xticks is not None:
-        ax.set_xticks([x for x, _ in xticks], [_plain(label) for _, label in xticks],
-                      rotation=30 if len(xticks) > 4 else 0, ha="right" if len(xticks) > 4 else "center")
-    elif ax.get_xscale() == "log":
-        # Label the workloads' own values rather than powers of ten.
-        ticks = sorted(set(xs))
-        ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
-        ax.minorticks_off()
-    ax.set_xlabel(_plain(xlabel))
-    ax.set_ylabel(_plain(ylabel))
-    ax.set_title(_plain(title), fontsize=11)
-    ax.grid(True, which="both", alpha=0.3)
-    # Explicit handles and labels: legend() would otherwise drop names starting with "_".
-    ax.legend(handles, labels, fontsize=8, loc="best")
-    out = io.StringIO()
-    # A fixed hash salt and no date make the same data give the same SVG.
-    with rc_context({"svg.hashsalt": "opforge-report", "svg.fonttype": "path"}):
-        fig.savefig(out, format="svg", metadata={"Date": None})
-    return out.getvalue()
+    ys = [v for s in series for p in s.points for v in (p.y, p.low, p.high) if v is not None and v > 0]
+    categories = xticks is not None
+    left, right = _LEFT, _WIDTH - _RIGHT
+    bottom_extra = 0
+    if categories:
+        labels = [_cut(label, _TICK_CHARS) for _, label in xticks]
+        # Labels slanted at 30 degrees need room below the axis (sin 30 = 0.5 of their length)
+        # and, for the first one, to the left of its tick (cos 30 = 0.87).
+        longest = max(len(t) for t in labels) * _CHAR_PX
+        bottom_extra = max(0, int(longest * 0.5) - 14)
+        first_tick = (right - left) / (2 * max(len(xticks), 1))
+        left = max(left, int(longest * 0.87 - first_tick) + 8)
+    height = _HEIGHT + bottom_extra
+    xa = _x_axis(xs + ([x for x, _ in xticks] if categories else []), categories, left, right)
+    ya, yticks = _y_axis(ys)
+    plot_bottom = _HEIGHT - _BOTTOM
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_WIDTH} {height}" role="img" '
+           f'aria-label="{escape(title)}" class="plot">',
+           f'<rect x="{left}" y="{_TOP}" width="{right - left}" height="{plot_bottom - _TOP}" class="frame"/>',
+           f'<text x="{(left + right) / 2:.0f}" y="15" class="mid title">{escape(title)}</text>']
+    for v in yticks:
+        y = ya(v)
+        out.append(f'<path d="M{left} {y:.1f}H{right}" class="grid"/>'
+                   f'<text x="{left - 5}" y="{y + 4:.1f}" class="end">{tick_label(v)}</text>')
+    if categories:
+        shown = _thin([(x, label) for (x, _), label in zip(xticks, labels)])
+    else:
+        # The workloads' own axis values, written as they are ("4096", not "4,096").
+        shown = _thin([(v, str(int(v)) if float(v).is_integer() else f"{v:g}") for v in sorted(set(xs))])
+    for v, label in shown:
+        x = xa(v)
+        out.append(f'<path d="M{x:.1f} {_TOP}V{plot_bottom}" class="grid"/>')
+        if categories:
+            out.append(f'<text transform="translate({x + 3:.1f},{plot_bottom + 12}) rotate(-30)" '
+                       f'class="end">{escape(label)}</text>')
+        else:
+            out.append(f'<text x="{x:.1f}" y="{plot_bottom + 15}" class="mid">{escape(label)}</text>')
+    out.append(f'<text x="{(left + right) / 2:.0f}" y="{height - 6}" class="mid">{escape(xlabel)}</text>')
+    out.append(f'<text transform="translate(14,{(_TOP + plot_bottom) / 2:.0f}) rotate(-90)" '
+               f'class="mid">{escape(ylabel)}</text>')
+
+    for i, s in enumerate(series):
+        points = sorted(s.points, key=lambda p: p.x)
+        good = [p for p in points if not p.suspect and p.y > 0]
+        if len(good) > 1:
+            coords = " ".join(f"{xa(p.x):.1f},{ya(p.y):.1f}" for p in good)
+            dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+            out.append(f'<polyline points="{coords}" class="line" fill="none" stroke="{s.color}"{dash}/>')
+        bars = []
+        for p in points:
+            if p.low is None or p.high is None or p.low <= 0:
+                continue
+            x, y0, y1 = xa(p.x), ya(p.low), ya(max(p.high, p.low))
+            bars.append(f'<path d="M{x:.1f} {y0:.1f}V{y1:.1f}M{x - 3:.1f} {y0:.1f}h6M{x - 3:.1f} {y1:.1f}h6"/>')
+        if bars:
+            out.append(f'<g class="p10-p90" data-series="{i}" fill="none" stroke="{s.color}">'
+                       + "".join(bars) + "</g>")
+        out.extend(_marker(xa(p.x), ya(p.y), s.color, p.note, p.suspect) for p in points if p.y > 0)
+    out.append("</svg>")
+    return "".join(out)
 
 
 def finite(value: Optional[float]) -> bool:

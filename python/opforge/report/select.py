@@ -2,7 +2,10 @@
 
 A dataset keeps every run, so a (definition, workload, solution) can have several traces; the
 report counts only the latest (by timestamp; on equal timestamps the one added last). Workloads
-are labelled and ordered by their variable axes ("batch_size=64").
+are labelled and ordered by their variable axes ("batch_size=64"). A workload of the dataset
+that a solution has no counted trace for was not run for it: the runner writes no trace for
+what it skips (too large for --max-elements, unsupported by the solution, inputs missing), and
+a report must say so rather than count only what ran.
 """
 
 from __future__ import annotations
@@ -92,12 +95,15 @@ class WorkloadInfo:
 
 @dataclass
 class DefinitionView:
-    """The counted traces of one Definition, arranged as solutions x workloads."""
+    """The counted traces of one Definition, arranged as solutions x workloads. ``workloads``
+    have at least one counted trace; ``untraced`` are the Definition's other workloads in the
+    dataset, which no selected solution has a counted trace for."""
 
     definition: Definition
     workloads: list[WorkloadInfo]
     solutions: list[Solution]
     cells: dict[tuple[str, str], Trace] = field(default_factory=dict)  # (solution, uuid) -> trace
+    untraced: list[WorkloadInfo] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -109,6 +115,15 @@ class DefinitionView:
     def traces_of(self, solution: str) -> list[Trace]:
         """The solution's counted traces in workload order."""
         return [t for w in self.workloads if (t := self.cells.get((solution, w.uuid))) is not None]
+
+    @property
+    def all_workloads(self) -> list[WorkloadInfo]:
+        """Traced and untraced workloads, in axis order."""
+        return sorted(self.workloads + self.untraced, key=lambda w: (workload_key(self.definition, w.axes), w.uuid))
+
+    def not_run(self, solution: str) -> list[WorkloadInfo]:
+        """The workloads the solution has no counted trace for, in axis order."""
+        return [w for w in self.all_workloads if (solution, w.uuid) not in self.cells]
 
 
 def _solution_order(definition: str, solutions: list[Solution]) -> list[Solution]:
@@ -127,18 +142,22 @@ def _unique_labels(definition: Definition, workloads: list[WorkloadInfo]) -> Non
             w.label = f"{w.label} ({w.uuid[:8]})"
 
 
+def _wanted(trace_set: TraceSet, definitions, solutions) -> tuple[Optional[set[str]], Optional[set[str]]]:
+    """The definition and solution names the filters select (None: all)."""
+    definitions = [definitions] if isinstance(definitions, str) else definitions
+    solutions = [solutions] if isinstance(solutions, str) else solutions
+    all_solutions = [s.name for group in trace_set.solutions.values() for s in group]
+    return (_pick(definitions, list(trace_set.definitions), "definition"),
+            _pick(solutions, all_solutions, "solution"))
+
+
 def collect(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
             solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None) -> list[DefinitionView]:
     """The latest traces, filtered and arranged per Definition. Definitions without any
     counted trace are left out; solutions of a kept Definition are kept even untraced.
     ``definitions`` and ``solutions`` are names or glob patterns (ValueError when one matches
     nothing); ``hardware`` is a case-insensitive substring of the trace's hardware name."""
-    definitions = [definitions] if isinstance(definitions, str) else definitions
-    solutions = [solutions] if isinstance(solutions, str) else solutions
-    wanted_defs = _pick(definitions, list(trace_set.definitions), "definition")
-    all_solutions = [s.name for group in trace_set.solutions.values() for s in group]
-    wanted_sols = _pick(solutions, all_solutions, "solution")
-
+    wanted_defs, wanted_sols = _wanted(trace_set, definitions, solutions)
     by_definition: dict[str, list[Trace]] = {}
     for trace in latest_traces(trace_set, hardware=hardware):
         if wanted_defs is not None and trace.definition not in wanted_defs:
@@ -153,15 +172,27 @@ def collect(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
         if not traces:
             continue
         workloads: dict[str, WorkloadInfo] = {}
-        for t in traces:
-            if t.workload.uuid not in workloads:
-                label = workload_label(definition, t.workload.axes)
-                workloads[t.workload.uuid] = WorkloadInfo(t.workload.uuid, label, dict(t.workload.axes))
+        traced = {t.workload.uuid for t in traces}
+        for w in [t.workload for t in traces] + [wt.workload for wt in trace_set.workloads.get(name, [])]:
+            if w.uuid not in workloads:
+                workloads[w.uuid] = WorkloadInfo(w.uuid, workload_label(definition, w.axes), dict(w.axes))
         ordered = sorted(workloads.values(), key=lambda w: (workload_key(definition, w.axes), w.uuid))
         _unique_labels(definition, ordered)
         sols = [s for s in trace_set.solutions.get(name, []) if wanted_sols is None or s.name in wanted_sols]
-        view = DefinitionView(definition, ordered, _solution_order(name, sols))
+        view = DefinitionView(definition, [w for w in ordered if w.uuid in traced], _solution_order(name, sols),
+                              untraced=[w for w in ordered if w.uuid not in traced])
         for t in traces:
             view.cells[(t.solution, t.workload.uuid)] = t
         views.append(view)
     return views
+
+
+def untraced_definitions(trace_set: TraceSet, views: list[DefinitionView], definitions: Optional[Iterable[str]] = None,
+                         solutions: Optional[Iterable[str]] = None) -> list[str]:
+    """The selected Definitions that have workloads and a selected solution but no counted
+    trace (so no view): everything there was skipped or never run. Filters as in collect."""
+    wanted_defs, wanted_sols = _wanted(trace_set, definitions, solutions)
+    shown = {v.name for v in views}
+    return [name for name in trace_set.definitions
+            if name not in shown and (wanted_defs is None or name in wanted_defs) and trace_set.workloads.get(name)
+            and any(wanted_sols is None or s.name in wanted_sols for s in trace_set.solutions.get(name, []))]

@@ -18,12 +18,21 @@ nav a { margin-right: 12px; }
 table { border-collapse: collapse; background: #fff; margin: 6px 0; font-size: 13px; }
 th, td { border: 1px solid #d5dae3; padding: 4px 8px; text-align: left; vertical-align: top; }
 .name { overflow-wrap: anywhere; min-width: 14ch; }
+td.dtype { min-width: 17ch; }
 .scroll { overflow-x: auto; }
 th { background: #eef1f6; font-weight: 600; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .plots { display: flex; flex-wrap: wrap; gap: 12px; }
 figure { margin: 0; flex: 1 1 440px; max-width: 640px; }
-figure img { width: 100%; border: 1px solid #e3e6ec; background: #fff; }
+figure svg { display: block; width: 100%; height: auto; border: 1px solid #e3e6ec; background: #fff; }
+ul.legend { list-style: none; padding: 0; margin: 6px 0; display: flex; flex-wrap: wrap; gap: 2px 16px;
+            font-size: 12px; }
+ul.legend li { display: flex; align-items: center; gap: 6px; overflow-wrap: anywhere; }
+.swatch { display: inline-block; width: 22px; border-top: 3px solid; }
+.swatch.dashed { border-top-style: dashed; }
+ul.key-list { margin: 4px 0; padding-left: 20px; } ul.key-list li { margin: 2px 0; }
+.x-key { font-weight: 700; }
+td.not-run { color: #9a5b00; font-weight: 600; }
 figcaption { font-size: 12px; color: #5b6578; }
 td.st { font-size: 12px; min-width: 110px; max-width: 260px; }
 td.st .status { font-weight: 600; }
@@ -43,4 +52,11 @@ td.st .status { font-weight: 600; }
 .overall { background: #eef8f0; border-left: 4px solid #0a7a2f; padding: 6px 10px; margin: 8px 0; }
 .key span { display: inline-block; padding: 1px 8px; margin-right: 6px; border: 1px solid #d5dae3; font-size: 12px; }
 .muted { color: #6b7486; }
+p.not-run { font-size: 12px; color: #7b8496; margin: 4px 0; overflow-wrap: anywhere; }
+svg.plot { font: 11px system-ui, sans-serif; }
+svg.plot .frame { fill: #fff; stroke: #9aa3b2; }
+svg.plot .grid { stroke: #e8eaef; }
+svg.plot .end { text-anchor: end; } svg.plot .mid { text-anchor: middle; } svg.plot .title { font-size: 12px; }
+svg.plot .line { stroke-width: 1.6; }
+svg.plot .p10-p90 { stroke-opacity: 0.75; }
 """

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from ..trace import EvaluationStatus, TraceSet
+from .fmt import dtype_label
 from .select import DefinitionView, collect
 from .stats import baseline_mean, believable, geomean, median, passed, speedup_vs_reference
 
@@ -19,7 +20,10 @@ class SummaryRow:
     a timing marked suspect (``suspect`` counts them) is left out, since one impossible number
     would skew a mean of a handful of workloads. ``baseline_ratios``: how many speedups
     ``speedup_vs_baseline`` averages; ``baseline_earlier``: for each of them whose baseline was
-    timed in an earlier run, that run (see stats.earlier_baseline)."""
+    timed in an earlier run, that run (see stats.earlier_baseline). ``workloads`` counts every
+    workload of the definition in the dataset; ``not_run`` names those the solution has no
+    counted trace for (skipped by the run or never run), so ``passed`` reads against all of
+    them. ``dtype``: the definition's tensor dtypes, inputs -> outputs."""
 
     definition: str
     solution: str
@@ -27,6 +31,8 @@ class SummaryRow:
     language: str
     workloads: int
     passed: int
+    dtype: str = ""
+    not_run: list[str] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
     suspect: int = 0
     median_latency_ms: Optional[float] = None
@@ -41,7 +47,7 @@ class SummaryRow:
 
     @property
     def failed(self) -> int:
-        return self.workloads - self.passed
+        return self.workloads - self.passed - len(self.not_run)
 
 
 def summary_rows(view: DefinitionView) -> list[SummaryRow]:
@@ -58,8 +64,10 @@ def summary_rows(view: DefinitionView) -> list[SummaryRow]:
             solution=solution.name,
             author=solution.author,
             language=str(solution.spec.language),
-            workloads=len(traces),
+            workloads=len(view.workloads) + len(view.untraced),
             passed=sum(passed(t) for t in traces),
+            dtype=dtype_label(view.definition),
+            not_run=[w.label for w in view.not_run(solution.name)],
             statuses={s.value: counts[s.value] for s in EvaluationStatus if counts[s.value]},
             suspect=sum(passed(t) and t.evaluation.performance.suspect is not None for t in traces),
             median_latency_ms=median(p.latency_ms for p in perfs),
