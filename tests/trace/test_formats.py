@@ -242,3 +242,38 @@ def test_import_needs_no_torch():
     result = subprocess.run([sys.executable, "-c", code, str(PUBLIC / "definitions/rmsnorm/rmsnorm_h4096.json")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_files_that_leave_optional_fields_out_are_copied_as_they_are(tmp_path):
+    """A FlashInfer-Trace dataset whose definition and solution leave out description, tags,
+    constraints and per-tensor descriptions: a copy through opforge (TraceSet.save_dataset, what
+    `opforge run --output` does) writes the same bytes, and content hashes do not depend on it."""
+    import json
+
+    from opforge.trace import Definition, Solution, TraceSet
+
+    definition = {"name": "mul_h8", "op_type": "mul",
+                  "axes": {"batch": {"type": "var"}, "hidden": {"type": "const", "value": 8}},
+                  "inputs": {"x": {"shape": ["batch", "hidden"], "dtype": "float32"}},
+                  "outputs": {"y": {"shape": ["batch", "hidden"], "dtype": "float32"}},
+                  "reference": "def run(x):\n    return x * 2\n"}
+    solution = {"name": "mul_h8_py", "definition": "mul_h8", "author": "someone",
+                "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "main.py::run",
+                         "destination_passing_style": False},
+                "sources": [{"path": "main.py", "content": "def run(x):\n    return x * 2\n"}]}
+    src = tmp_path / "src"
+    (src / "definitions" / "mul").mkdir(parents=True)
+    (src / "solutions" / "someone" / "mul" / "mul_h8").mkdir(parents=True)
+    files = {src / "definitions" / "mul" / "mul_h8.json": definition,
+             src / "solutions" / "someone" / "mul" / "mul_h8" / "mul_h8_py.json": solution}
+    for path, data in files.items():
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    ts = TraceSet.load(src)
+    assert not ts.load_errors
+    ts.save_dataset(tmp_path / "copy")
+    for path in files:
+        copy = tmp_path / "copy" / path.relative_to(src)
+        assert json.loads(copy.read_text()) == json.loads(path.read_text()), copy
+    # The same objects built in Python (every field set) hash the same.
+    assert Definition(**definition).content_hash() == ts.definitions["mul_h8"].content_hash()
+    assert Solution(**solution).content_hash() == ts.get_solution("mul_h8_py").content_hash()

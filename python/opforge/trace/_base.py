@@ -5,7 +5,8 @@
 * Fields the public format does not know (opforge extensions, listed in a model's
   ``_omit_when_empty``) are left out while empty, so files without them stay unchanged.
 * Fields a model does not declare are kept as they were read and written back after the
-  declared ones, so files from newer or older writers re-save without losing anything.
+  declared ones, so files from newer or older writers re-save without losing anything; optional
+  fields a file left out (a description, empty constraints) are not added when it is written back.
 * ``.json`` files: 2-space indentation, a trailing newline. ``.jsonl`` lines: compact
   (``","`` and ``":"`` separators), one object per line. Non-finite floats are written as the
   strings "NaN", "Infinity", "-Infinity" (as FlashInfer-Bench does), and read back as floats.
@@ -18,7 +19,7 @@ import json
 import math
 from typing import Annotated, Any, ClassVar, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 
 from .errors import SchemaError
 
@@ -40,6 +41,16 @@ class TraceModel(BaseModel):
 
     #: Extension fields dropped from the JSON form while None / empty.
     _omit_when_empty: ClassVar[tuple[str, ...]] = ()
+    #: Read from a file (from_dict): optional fields the file left out stay out when written back.
+    _from_file: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="after")
+    def _remember_source(self, info):
+        if info.context and info.context.get("from_file"):
+            # Nested models are built through __init__ (overridden here), which drops the
+            # validation context: mark them from the top.
+            _mark_from_file(self)
+        return self
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -60,7 +71,7 @@ class TraceModel(BaseModel):
     def from_dict(cls, data: Any):
         """Validate a JSON-shaped dict (as read from a file)."""
         try:
-            return cls.model_validate(data)
+            return cls.model_validate(data, context={"from_file": True})
         except ValidationError as exc:
             raise schema_error(exc, data, cls.__name__) from None
 
@@ -69,20 +80,44 @@ class TraceModel(BaseModel):
         return cls.from_dict(loads(text))
 
     @model_serializer(mode="wrap")
-    def _serialize(self, handler):
+    def _serialize(self, handler, info):
         data = handler(self)
         for name in self._omit_when_empty:
             if name in data and data[name] in (None, {}, []):
                 del data[name]
+        if self._from_file and not (info.context and info.context.get("every_field")):
+            # A field the file did not have and that still holds its empty default (e.g. a
+            # definition's description or constraints) is not added on the way back.
+            for name in type(self).model_fields:
+                if name not in self.model_fields_set and name in data and data[name] in (None, {}, []):
+                    del data[name]
         return data
 
     def to_dict(self) -> dict:
         """The JSON form as Python objects (field order preserved)."""
         return self.model_dump(mode="json")
 
+    def hash_form(self) -> dict:
+        """The JSON form with every declared field, whether or not the file it came from wrote
+        the empty ones: what content hashes are computed from, so they do not depend on it."""
+        return self.model_dump(mode="json", context={"every_field": True})
+
     def to_json(self, indent: Optional[int] = 2) -> str:
         """JSON text: indented with a trailing newline, or one compact line when indent is None."""
         return dumps(self.to_dict(), indent=indent)
+
+
+def _mark_from_file(value) -> None:
+    if isinstance(value, TraceModel):
+        value._from_file = True
+        for name in type(value).model_fields:
+            _mark_from_file(getattr(value, name))
+    elif isinstance(value, dict):
+        for v in value.values():
+            _mark_from_file(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _mark_from_file(v)
 
 
 # --- JSON text ---------------------------------------------------------------------------

@@ -406,7 +406,7 @@ class Definition(TraceModel):
         """SHA-256 of what the Definition means: name, op_type, axes, tensors (shapes and
         dtypes), reference, constraints and opforge's semantic extensions, but not descriptions
         or tags. Recorded in traces to tell which version of a Definition they measured."""
-        data = self.to_dict()
+        data = self.hash_form()
         for key in ("description", "tags"):
             data.pop(key, None)
         for group in ("axes", "inputs", "outputs"):

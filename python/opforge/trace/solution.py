@@ -188,5 +188,5 @@ class Solution(TraceModel):
         """SHA-256 of the build spec and the sources (paths and contents): equal hashes build
         to the same thing, so builds are cached under it. Name, author and description are
         not part of it."""
-        data = {"spec": self.spec.to_dict(), "sources": [s.to_dict() for s in self.sources]}
+        data = {"spec": self.spec.hash_form(), "sources": [s.hash_form() for s in self.sources]}
         return hashlib.sha256(canonical_hash_text(data).encode()).hexdigest()
