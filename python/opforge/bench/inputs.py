@@ -3,8 +3,10 @@
 Random tensors respect the Definition's value domains (extensions.py): integer ranges
 (optionally unique), ragged-batch offsets (indptr: non-decreasing from 0 to a total), positive
 values spread over binades (log_uniform), and inputs derived from another input (derived: a
-rearrangement, never random). Without a domain: standard normal floats, uniform bools, and for
-FP4 E2M1 uniform bytes (every code in both nibbles). Scalars come from the workload;
+rearrangement, never random). Definitions that declare none (FlashInfer-Trace's public ones) get
+the obvious ones from their input names and constraints (inferred_domains.py). Without a domain:
+standard normal floats, uniform bools, and for FP4 E2M1 uniform bytes (every code in both
+nibbles). Scalars come from the workload;
 safetensors inputs are loaded and shape-checked through the TraceSet. The same (definition,
 workload, seed) always gives the same values, on every device.
 """
@@ -15,6 +17,7 @@ import torch
 
 from ..trace import DType, RandomInput, SafetensorsInput, ScalarInput
 from ..trace.extensions import DerivedDomain
+from .inferred_domains import as_probabilities, is_probability_input, with_inferred_domains
 
 _FP4 = (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2)
 
@@ -98,6 +101,7 @@ def generate_inputs(definition, workload, *, seed: int | None = None, device: st
     """The workload's inputs in the Definition's order. ``seed`` defaults to the workload's own
     (then 0); values are drawn on the CPU and moved, so they do not depend on the device.
     Derived inputs are made last, from their source's final value."""
+    definition = with_inferred_domains(definition)  # structure for Definitions that declare none
     axis_values = definition.full_axis_values(workload.axes)
     shapes = definition.resolve_shapes(workload.axes)
     seed = seed if seed is not None else (workload.seed if workload.seed is not None else 0)
@@ -117,7 +121,10 @@ def generate_inputs(definition, workload, *, seed: int | None = None, device: st
         elif isinstance(definition.value_domains.get(name), DerivedDomain):
             derived.append(name)
         elif isinstance(source, RandomInput) or source is None:
-            values[name] = _random_tensor(definition, name, shapes[name] or (), spec, axis_values, gen).to(device)
+            value = _random_tensor(definition, name, shapes[name] or (), spec, axis_values, gen)
+            if is_probability_input(definition, name):
+                value = as_probabilities(value)
+            values[name] = value.to(device)
         else:
             raise ValueError(f"{definition.name}: input {name}: unsupported source {source!r}")
     for name in derived:

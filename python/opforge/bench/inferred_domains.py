@@ -1,0 +1,104 @@
+"""Value domains for Definitions that declare none, read from their names and constraints, so
+that inputs drawn for FlashInfer-Trace's public Definitions are structurally valid.
+
+The public Definitions (paged attention, ragged prefill, sampling) carry no value domains:
+their workloads usually ship the index tensors as safetensors. Drawn at random, an int32
+``kv_indptr`` or ``kv_indices`` makes the reference fail (IndexError) and standard-normal
+``probs`` are no distribution. For an input without a declared domain:
+
+* a 1-D integer ``*indptr``, ``*offsets`` or ``*cu_seqlens*``: ragged-batch offsets (``indptr``:
+  non-decreasing from 0) ending at the total a constraint names (``num_kv_indices ==
+  kv_indptr[-1]``, either side, ``.item()`` or not), else at the length of the matching
+  ``*indices`` input (``kv_indptr`` -> ``kv_indices``);
+* an integer ``*indices`` where the Definition has a ``num_pages`` axis: page ids in
+  ``[0, num_pages)``;
+* an integer ``*last_page_len`` where it has a ``page_size`` axis: ``[1, page_size]``;
+* a floating ``probs`` of a ``sampling`` Definition: drawn standard normal, then normalised
+  with a softmax along the last dimension (as FlashInfer-Bench does).
+
+Declared domains always win; nothing is written into the Definition.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+
+
+def _total_from_constraints(definition, name: str) -> Optional[str]:
+    """The axis a constraint equates with ``name[-1]``."""
+    last = rf"{re.escape(name)}\s*\[\s*-1\s*\](?:\s*\.\s*item\s*\(\s*\))?"
+    for constraint in definition.constraints:
+        for pattern in (rf"^\s*(\w+)\s*==\s*{last}\s*$", rf"^\s*{last}\s*==\s*(\w+)\s*$"):
+            match = re.match(pattern, constraint)
+            if match and match.group(1) in definition.axes:
+                return match.group(1)
+    return None
+
+
+def _indices_length(definition, name: str) -> Optional[str]:
+    """The length axis of the ``*indices`` input that ``name`` (an indptr) indexes into."""
+    for suffix in ("indptr", "offsets"):
+        if name.endswith(suffix):
+            sibling = definition.inputs.get(name[: -len(suffix)] + "indices")
+            if sibling is not None and sibling.shape is not None and len(sibling.shape) == 1:
+                return sibling.shape[0]
+    return None
+
+
+def _is_offsets(name: str) -> bool:
+    return name.endswith(("indptr", "offsets")) or "cu_seqlens" in name
+
+
+def _inferred(definition) -> dict:
+    domains = {}
+    axes = definition.axes
+    for name, spec in definition.inputs.items():
+        if name in definition.value_domains or spec.shape is None or not spec.dtype.is_int:
+            continue
+        lowered = name.lower()
+        if len(spec.shape) == 1 and _is_offsets(lowered):
+            total = _total_from_constraints(definition, name) or _indices_length(definition, name)
+            if total is not None:
+                domains[name] = {"kind": "indptr", "total": total}
+        elif lowered.endswith("indices") and "num_pages" in axes:
+            domains[name] = {"kind": "range", "low": 0, "high": "num_pages"}
+        elif lowered.endswith("last_page_len") and "page_size" in axes:
+            domains[name] = {"kind": "range", "low": 1, "high": "page_size + 1"}
+    return domains
+
+
+#: content hash -> the Definition with its inferred domains (or itself): inputs are drawn per
+#: input set, the inference is done once per Definition.
+_WITH_DOMAINS: dict = {}
+
+
+def with_inferred_domains(definition):
+    """``definition`` itself when nothing is inferred, else a copy whose value domains add the
+    inferred ones (the copy is only for drawing inputs)."""
+    key = definition.content_hash()
+    found = _WITH_DOMAINS.get(key)
+    if found is None:
+        inferred = _inferred(definition)
+        found = definition
+        if inferred:
+            data = definition.to_dict()
+            found = type(definition).from_dict({**data, "value_domains": {**inferred, **data.get("value_domains", {})}})
+        if len(_WITH_DOMAINS) < 4096:
+            _WITH_DOMAINS[key] = found
+    return found
+
+
+def is_probability_input(definition, name: str) -> bool:
+    spec = definition.inputs[name]
+    return (definition.op_type == "sampling" and name == "probs" and name not in definition.value_domains
+            and spec.shape is not None and spec.dtype.to_torch().is_floating_point)
+
+
+def as_probabilities(value: torch.Tensor) -> torch.Tensor:
+    """Softmax along the last dimension, computed in fp32, in the tensor's dtype."""
+    if value.dim() == 0:
+        return torch.ones_like(value)
+    return torch.softmax(value.float(), dim=-1).to(value.dtype)
