@@ -108,6 +108,21 @@ class Rng:
         return (t * (high - low) + low).to(dtype)
 
 
+def capture_graph(step):
+    """Run ``step`` once on a side stream (the warm-up torch's CUDA-graph docs ask for: lazy
+    initialisation and allocations happen outside the capture), then capture it. Returns the
+    graph and what the captured call returned (the static outputs replays write)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured
+
+
 @pytest.fixture
 def fresh_dynamo():
     """torch.compile tests start and end with no compiled graphs cached (a cached graph of another

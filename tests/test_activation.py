@@ -11,6 +11,7 @@ import torch
 import opforge
 from conftest import (
     DEVICES,
+    capture_graph,
     DTYPES,
     LAYOUTS,
     assert_close,
@@ -172,14 +173,7 @@ def test_cuda_graph_capture_and_replay(rng, dtype):
         opforge.silu_and_mul(x, out=out)
         return opforge.gelu_and_mul(x), opforge.gelu_tanh_and_mul(x)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gelu_out, tanh_out = step()
+    graph, (gelu_out, tanh_out) = capture_graph(step)
 
     for _ in range(2):
         x0 = rng.randn(16, 2 * 2048, dtype=dtype, device="cuda")

@@ -14,6 +14,7 @@ import opforge
 from opforge import _C
 from conftest import (
     DEVICES,
+    capture_graph,
     DTYPES,
     LAYOUTS,
     assert_close,
@@ -352,14 +353,7 @@ def test_cuda_graph_capture_and_replay(rng, dtype):
         opforge.fused_add_rmsnorm(x, r, w, out=x, residual_out=r)
         return g
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gemma_out = step()
+    graph, gemma_out = capture_graph(step)
 
     for _ in range(2):
         x0 = rng.randn(8, h, dtype=dtype, device="cuda")

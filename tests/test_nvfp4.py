@@ -23,7 +23,7 @@ import opforge
 from opforge import _C
 from opforge.ops import nvfp4_format as fmt
 from opforge.ops.nvfp4 import nvfp4_gemv_torch
-from conftest import DEVICES
+from conftest import DEVICES, capture_graph
 
 FP4 = torch.float4_e2m1fn_x2
 E4M3 = torch.float8_e4m3fn
@@ -609,14 +609,7 @@ def test_cuda_graph_capture_and_replay(seed):
         opforge.nvfp4_gemv(*static[0], out=out)
         return opforge.nvfp4_gemv(*static[1]), opforge.nvfp4_gemv(*static[2])
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture_graph(step)
     for _ in range(2):
         fresh = [random_problem(gen, *s, *regime_ranges("balanced", s[1])) for s in shapes]
         for dst, p in zip(static, fresh):

@@ -26,7 +26,7 @@ import torch
 
 import opforge
 from opforge import _C
-from conftest import DEVICES, TOLERANCES, assert_close
+from conftest import DEVICES, TOLERANCES, assert_close, capture_graph
 
 LN2 = math.log(2.0)
 devices = pytest.mark.parametrize("device", DEVICES)
@@ -733,14 +733,7 @@ def test_cuda_graph_capture_and_replay(seed):
         opforge.paged_decode_attention(*a0, kv_last_page_len=l0, out=out, lse=lse)
         return opforge.paged_decode_attention(*a1, kv_last_page_len=l1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        second = step()
+    graph, second = capture_graph(step)
     for _ in range(2):
         for p, (args, _) in zip(problems, static):
             for dst in args[:3]:

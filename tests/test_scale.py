@@ -13,6 +13,7 @@ import torch
 import opforge
 from conftest import (
     DEVICES,
+    capture_graph,
     DTYPES,
     LAYOUTS,
     assert_same_bits,
@@ -201,15 +202,11 @@ def test_positional_and_keyword_arguments(rng, dtype, device):
 def test_cuda_graph_capture_and_replay(rng):
     x = torch.zeros(32, 4096, dtype=torch.bfloat16, device="cuda")
     out = torch.empty_like(x)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    def step():
         opforge.scale(x, 0.25, out=out)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        opforge.scale(x, 0.25, out=out)
-        doubled = opforge.scale(out, 8.0)
+        return opforge.scale(out, 8.0)
+
+    graph, doubled = capture_graph(step)
     for _ in range(2):
         x0 = rng.randn(32, 4096, dtype=torch.bfloat16, device="cuda")
         x.copy_(x0)

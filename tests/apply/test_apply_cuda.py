@@ -7,7 +7,7 @@ import torch
 import opforge
 from apply_helpers import builtin, calls_of, counting_reference, dataset, isolated, measured  # noqa: F401
 from apply_helpers import template_definition
-from conftest import assert_close, ref_rmsnorm
+from conftest import assert_close, capture_graph, ref_rmsnorm
 from opforge.apply import ApplyConfig, enable_apply, hardware_name
 from opforge.registry import device_info
 
@@ -24,15 +24,7 @@ def gpu_dataset():
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # warm-up on the capturing stream, as torch's graph docs ask
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
+    return capture_graph(fn)[0]
 
 
 def inputs(rng):

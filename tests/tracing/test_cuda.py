@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tracing_helpers import kinds, load  # noqa: E402
 
+from conftest import capture_graph  # noqa: E402
+
 import opforge  # noqa: E402
 from opforge.trace.calls import bind_call  # noqa: E402
 from opforge.tracing import TracingConfig, enable_tracing  # noqa: E402
@@ -55,14 +57,8 @@ def test_graph_capture_records_shapes_only_and_the_graph_still_computes(tmp_path
     y = torch.empty_like(x)
     name = bind_call("rmsnorm", (x, w, 1e-5), {}).definition
     with enable_tracing(dataset_dir=tmp_path / "ds", tracing_configs={name: ALL}) as tracer:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            opforge.rmsnorm(x, w, eps=1e-5, out=y)  # warm-up, outside the capture: saved
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            opforge.rmsnorm(x, w, eps=1e-5, out=y)
+        # The warm-up call runs outside the capture (saved); the captured one records shapes only.
+        graph, _ = capture_graph(lambda: opforge.rmsnorm(x, w, eps=1e-5, out=y))
         x.copy_(rng.randn(8, H, dtype=torch.bfloat16, device="cuda"))
         graph.replay()
     torch.cuda.synchronize()
