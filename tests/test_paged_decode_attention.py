@@ -570,7 +570,7 @@ def test_builtin_and_torch_solutions_match_the_reference(name):
 
     d = _builtin(name)
     solutions = [builtin.builtin_solution_for(d), *shipped_solutions(d, "gqa_paged_decode")]
-    assert [s.spec.language.value for s in solutions] == ["builtin", "pytorch", "triton"]
+    assert [s.spec.language.value for s in solutions] == ["builtin", "python", "triton"]
     solutions = solutions[:2]  # the Triton one runs in the interpreter: test_triton_solution_in_the_interpreter
     runs = [build(s, d, "cpu") for s in solutions]
     for w in builtin.builtin_workloads(d)[:3]:

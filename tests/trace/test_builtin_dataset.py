@@ -44,3 +44,11 @@ def test_builtin_dataset_loads_strictly_with_every_op():
         assert sorted(map(key, (w.workload.axes for w in workloads))) == sorted(map(key, want))
         for w in workloads:
             definition.check_workload(w.workload)
+
+
+def test_shipped_python_solutions_say_python():
+    """FlashInfer-Bench's language list has "python" but no "pytorch": the plain-PyTorch
+    solutions opforge ships say "python" (opforge reads both alike)."""
+    trace_set = builtin.load_builtin_trace_set()
+    languages = {str(s.spec.language.value) for group in trace_set.solutions.values() for s in group}
+    assert "pytorch" not in languages and "python" in languages

@@ -43,7 +43,8 @@ SHIPPED = {
     ),
     "gqa_paged_decode": (
         ShippedKernel(
-            file="gqa_paged_decode_torch.py", entry="run", language="pytorch", suffix="torch",
+            # "python", which FlashInfer-Bench reads (its language list has no "pytorch").
+            file="gqa_paged_decode_torch.py", entry="run", language="python", suffix="torch",
             description="Plain PyTorch, batched: every request's tokens gathered into a padded block, fp32 "
                         "logits of each query head against its KV head in one matmul, masked softmax, one "
                         "rounding. A checking baseline (not tuned), on CPU and GPU.",
