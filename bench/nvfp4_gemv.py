@@ -41,7 +41,6 @@ or the Triton solution fails its check at any shape.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -51,7 +50,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from roofline import collect_meta, fmt, safe, write as write_results  # noqa: E402
+from roofline import add_output_args, collect_meta, fmt, safe, start, write as write_results  # noqa: E402
 
 SPEED_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4)]
 SMALL_SHAPES = [(128, 7168, 1), (256, 7168, 1), (256, 7168, 8)]
@@ -268,35 +267,17 @@ def render(results: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write full results as JSON here")
-    p.add_argument("--markdown", help="write the tables as markdown here (for bench/results/)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="tiny shapes on CPU (Triton in its interpreter); times mean nothing")
+    add_output_args(p, "tiny shapes on CPU (Triton in its interpreter); times mean nothing")
     p.add_argument("--layout", choices=("task", "contiguous"), default="task",
                    help="task: K contiguous, L outermost (default); contiguous: [M, K/2, L] contiguous")
-    p.add_argument("--render", metavar="JSON", help="only re-render the tables of a saved results file")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.render:
-        with open(args.render) as f:
-            results = json.load(f)
-        write_results(results, markdown=args.markdown, render=render)
-        print(render(results))
+    cuda = start(args, render, layout=args.layout, triton_interpret=os.environ.get("TRITON_INTERPRET"))
+    if cuda is None:
         return 0
-    cuda = torch.cuda.is_available() and not args.dry_run
-    if not cuda and not args.dry_run:
-        note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
-        print(note)
-        if args.out:
-            meta = collect_meta(args, False, layout=args.layout, triton_interpret=os.environ.get("TRITON_INTERPRET"))
-            write_results({"meta": meta, "note": note, "cases": []}, out=args.out, render=render)
-        return 0
-    if args.dry_run and "triton" not in sys.modules:
-        # Triton runs on CPU only in its interpreter, chosen when triton is first imported.
-        os.environ["TRITON_INTERPRET"] = "1"
     t0 = time.time()
     meta = collect_meta(args, cuda, layout=args.layout, triton_interpret=os.environ.get("TRITON_INTERPRET"))
     ctx = Ctx(args, cuda)

@@ -42,7 +42,6 @@ fails its check at any case.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -52,7 +51,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import timing  # noqa: E402
-from roofline import collect_meta, fmt, safe, write as write_results  # noqa: E402
+from roofline import add_output_args, collect_meta, fmt, safe, start, write as write_results  # noqa: E402
 
 BATCHES = (1, 8, 32, 128)
 CONTEXTS = (512, 2048, 8192, 32768)
@@ -416,10 +415,7 @@ def render(results: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", help="write full results as JSON here")
-    p.add_argument("--markdown", help="write the tables as markdown here (for bench/results/)")
-    p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU; times mean nothing")
-    p.add_argument("--render", metavar="JSON", help="only re-render the tables of a saved results file")
+    add_output_args(p, "tiny shapes on CPU; times mean nothing")
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -432,25 +428,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.render:
-        with open(args.render) as f:
-            results = json.load(f)
-        write_results(results, markdown=args.markdown, render=render)
-        print(render(results))
-        return 0
-    cuda = torch.cuda.is_available() and not args.dry_run
     shape_meta = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=args.page_size,
                       dtype=args.dtype)
-    if not cuda and not args.dry_run:
-        note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
-        print(note)
-        if args.out:
-            write_results({"meta": collect_meta(args, False, **shape_meta), "note": note, "cases": []}, out=args.out,
-                          render=render)
+    cuda = start(args, render, **shape_meta)
+    if cuda is None:
         return 0
-    if args.dry_run and "triton" not in sys.modules:
-        # Triton runs on CPU only in its interpreter, chosen when triton is first imported.
-        os.environ["TRITON_INTERPRET"] = "1"
     t0 = time.time()
     meta = collect_meta(args, cuda, **shape_meta)
     ctx = Ctx(args, cuda)

@@ -361,6 +361,37 @@ def write(results, out=None, markdown=None, render=None):
         print(f"wrote {markdown}")
 
 
+def add_output_args(p, dry_run_help: str):
+    """The options every benchmark script here takes: --out, --markdown, --dry-run, --render."""
+    p.add_argument("--out", help="write full results as JSON here")
+    p.add_argument("--markdown", help="write the tables as markdown here (for bench/results/)")
+    p.add_argument("--dry-run", action="store_true", help=dry_run_help)
+    p.add_argument("--render", metavar="JSON", help="only re-render the tables of a saved results file")
+
+
+def start(args, render, **meta) -> "bool | None":
+    """What a kernel benchmark script does before measuring: --render re-renders a saved file,
+    without CUDA (and without --dry-run) it says so and writes an empty result; a dry run uses
+    Triton's interpreter. Returns None when the script is done, else whether CUDA is used."""
+    if args.render:
+        with open(args.render) as f:
+            results = json.load(f)
+        write(results, markdown=args.markdown, render=render)
+        print(render(results))
+        return None
+    cuda = torch.cuda.is_available() and not args.dry_run
+    if not cuda and not args.dry_run:
+        note = "no CUDA device: nothing timed (use --dry-run to exercise the code paths on CPU)"
+        print(note)
+        if args.out:
+            write({"meta": collect_meta(args, False, **meta), "note": note, "cases": []}, out=args.out, render=render)
+        return None
+    if args.dry_run and "triton" not in sys.modules:
+        # Triton runs on CPU only in its interpreter, chosen when triton is first imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+    return cuda
+
+
 def progress(t0, row):
     o = row["impls"]["opforge"]
     got = f"{fmt(o['us'])} us" if o["status"] == "ok" else f"{o['status']} {o.get('error', '')}"
