@@ -15,6 +15,8 @@ Test modules import the helpers with ``from conftest import ...``.
 
 from __future__ import annotations
 
+import os
+import random
 import zlib
 
 import pytest
@@ -130,6 +132,25 @@ def fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh random seed per test (OPFORGE_TEST_SEED fixes it, to replay a failure)."""
+    fixed = os.environ.get("OPFORGE_TEST_SEED")
+    return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
+
+
+def replay(seed: int) -> str:
+    """How a failure message names its seed."""
+    return f"seed {seed} (replay with OPFORGE_TEST_SEED={seed})"
+
+
+#: (device, backend) of an op with native CPU and CUDA code: its C++ CPU version, its plain
+#: PyTorch version on each device, and its CUDA kernel.
+NATIVE_BACKENDS = [pytest.param("cpu", "cpu", id="cpu"), pytest.param("cpu", "torch", id="torch"),
+                   pytest.param("cuda", "cuda", id="cuda", marks=pytest.mark.gpu),
+                   pytest.param("cuda", "torch", id="cuda-torch", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture

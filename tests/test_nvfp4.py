@@ -13,8 +13,6 @@ by much more. Inputs whose sums are exact in fp32 must match bit for bit on ever
 from __future__ import annotations
 
 import math
-import os
-import random
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ import opforge
 from opforge import _C
 from opforge.ops import nvfp4_format as fmt
 from opforge.ops.nvfp4 import nvfp4_gemv_torch
-from conftest import DEVICES, capture_graph
+from conftest import DEVICES, NATIVE_BACKENDS, capture_graph, replay
 
 FP4 = torch.float4_e2m1fn_x2
 E4M3 = torch.float8_e4m3fn
@@ -37,18 +35,8 @@ devices = pytest.mark.parametrize("device", DEVICES)
 trials = pytest.mark.parametrize("trial", range(3))  # a fresh seed each
 
 
-@pytest.fixture
-def seed() -> int:
-    fixed = os.environ.get("OPFORGE_TEST_SEED")
-    return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
-
-
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def replay(seed: int) -> str:
-    return f"seed {seed} (replay with OPFORGE_TEST_SEED={seed})"
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -179,10 +167,7 @@ def run(problem: Problem, device, layout="seed", out_layout="contiguous", **kw):
     return got
 
 
-BACKENDS = [pytest.param("cpu", "cpu", id="cpu"), pytest.param("cpu", "torch", id="torch"),
-            pytest.param("cuda", "cuda", id="cuda", marks=pytest.mark.gpu),
-            pytest.param("cuda", "torch", id="cuda-torch", marks=pytest.mark.gpu)]
-backends = pytest.mark.parametrize("device, backend", BACKENDS)
+backends = pytest.mark.parametrize("device, backend", NATIVE_BACKENDS)
 
 
 # --- results ---------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import subprocess
 import sys
 
@@ -26,7 +25,7 @@ import torch
 
 import opforge
 from opforge import _C
-from conftest import DEVICES, TOLERANCES, assert_close, capture_graph
+from conftest import DEVICES, NATIVE_BACKENDS, TOLERANCES, assert_close, capture_graph, replay
 
 LN2 = math.log(2.0)
 devices = pytest.mark.parametrize("device", DEVICES)
@@ -38,16 +37,6 @@ trials = pytest.mark.parametrize("trial", range(3))  # a fresh seed each
 CONFIGS = [(32, 8, 128, 1), (32, 4, 128, 1), (32, 8, 128, 64), (32, 4, 128, 64), (16, 2, 128, 64),
            (24, 8, 128, 64), (48, 8, 128, 1), (5, 1, 128, 1), (20, 4, 128, 16), (6, 1, 64, 3), (8, 8, 256, 2),
            (40, 2, 64, 7), (12, 3, 256, 1)]
-
-
-@pytest.fixture
-def seed() -> int:
-    fixed = os.environ.get("OPFORGE_TEST_SEED")
-    return int(fixed) if fixed else random.SystemRandom().randrange(2**31)
-
-
-def replay(seed: int) -> str:
-    return f"seed {seed} (replay with OPFORGE_TEST_SEED={seed})"
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -179,10 +168,7 @@ def run(problem: Problem, device, layout="contiguous", **kw) -> tuple:
     return got
 
 
-BACKENDS = [pytest.param("cpu", "cpu", id="cpu"), pytest.param("cpu", "torch", id="torch"),
-            pytest.param("cuda", "cuda", id="cuda", marks=pytest.mark.gpu),
-            pytest.param("cuda", "torch", id="cuda-torch", marks=pytest.mark.gpu)]
-backends = pytest.mark.parametrize("device, backend", BACKENDS)
+backends = pytest.mark.parametrize("device, backend", NATIVE_BACKENDS)
 
 
 # --- results ---------------------------------------------------------------------------------
