@@ -100,7 +100,7 @@ class Benchmark:
                  on_result: Optional[Callable] = None, on_start: Optional[Callable] = None):
         self.trace_set = trace_set
         # Workloads whose safetensors inputs were not there at load: skipped, saying which file.
-        self._missing_blobs = {(d, u): why for d, u, why in getattr(trace_set, "missing_blobs", ())}
+        self._missing_blobs = {(d, u): why for d, u, why in trace_set.missing_blobs}
         # (device, solution) -> (status or None for a skip, log) of a build that failed there.
         self._build_failures: dict = {}
         self.config = config or BenchmarkConfig()
