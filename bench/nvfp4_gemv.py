@@ -26,10 +26,16 @@ Implementations, each first checked against the Definition's fp64 reference with
 * ``bf16 matmul``: ``torch.matmul`` of the dequantised A [L, M, K] and B [L, K, 1] in bf16
   (dequantised before timing: exact in bf16, as FP4 x E4M3 has at most 6 significant bits); its
   output is bf16, so it is not expected to meet 1e-3. It moves 2 bytes per weight, not 0.5625.
+* ``read only``: the speed of light at this size, not a GEMV: a Triton kernel that reads as many
+  bytes as A and its scales (one flat buffer per input set, 16 bytes per load, XOR-reduced) and
+  writes almost nothing. What a launch of this many bytes can reach on this GPU, ramp and tail
+  included; no check.
 
 Timing (bench/timing.py, as roofline.py): CUDA events around each call, median of many, input
 sets rotated so that one pass moves more than 2x L2 (so A comes from HBM), spin kernels queued
-ahead so launches are not timed. Bytes = A + A's scales, M * K * L * (1/2 + 1/16): what a GEMV
+ahead so launches are not timed. Also "back to back": one CUDA graph that calls the
+implementation once per input set in turn (as a model's layers follow each other), replayed; time
+per call. Each launch then overlaps the previous one's tail, which a lone launch cannot. Bytes = A + A's scales, M * K * L * (1/2 + 1/16): what a GEMV
 must read. B, its scales and c (K * L * 0.5625 + 2 * M * L bytes) are below 0.1% at every shape
 here and left out. GB/s = bytes / time; % copy = of the device-to-device copy bandwidth (2 GiB,
 read + write) measured at the start of the run. The bf16 peer's GB/s counts the same NVFP4
@@ -57,7 +63,7 @@ SMALL_SHAPES = [(128, 7168, 1), (256, 7168, 1), (256, 7168, 8)]
 DRY_SHAPES = [(64, 128, 2), (130, 256, 1)]
 TARGET_PCT = 80.0
 MAX_SETS = 512
-IMPLS = ("reference", "triton", "opforge", "bf16 matmul")
+IMPLS = ("reference", "triton", "opforge", "bf16 matmul", "read only")
 #: Implementations whose failed check fails the run.
 GATED = ("triton", "opforge")
 
@@ -97,6 +103,10 @@ def make_sets(definition, l: int, n: int, device: str, layout: str) -> list[dict
             # Dequantised once, outside the timing: [L, M, K] and [L, K, 1].
             "a_bf16": dequantize(a, scale_a).permute(2, 0, 1).contiguous().to(torch.bfloat16),
             "b_bf16": dequantize(b, scale_b).permute(2, 1, 0).contiguous().to(torch.bfloat16),
+            # As many bytes as A and its scales, for the read-only speed of light.
+            "flat": torch.randint(-2**31, 2**31 - 1, (nvfp4_bytes(m, a.shape[1] * 2, l) // 4,),
+                                  dtype=torch.int32, device=device),
+            "sink": torch.zeros(1, dtype=torch.int32, device=device),
         })
     return sets
 
@@ -106,6 +116,33 @@ def n_sets_for(nbytes: int, ctx) -> int:
     if ctx.dry:
         return 2
     return int(min(max(math.ceil(2 * ctx.l2 / nbytes) + 1, 2), MAX_SETS))
+
+
+# ---------------------------------------------------------------------------
+# The read-only speed of light
+# ---------------------------------------------------------------------------
+
+READ_BLOCK = 4096  # int32 words per program: 16 KiB
+
+
+def read_only_fn():
+    """fn(set) -> None that reads set["flat"] once (Triton), or raise when Triton is missing."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_kernel(x_ptr, n, sink_ptr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")
+        acc = tl.xor_sum(x, 0)
+        # Never true for random data: the store exists so the loads cannot be dropped.
+        tl.store(sink_ptr, acc, mask=acc == 0x5A5A5A5A)
+
+    def run(s):
+        flat = s["flat"]
+        read_kernel[(triton.cdiv(flat.numel(), READ_BLOCK),)](flat, flat.numel(), s["sink"], BLOCK=READ_BLOCK)
+
+    return run
 
 
 # ---------------------------------------------------------------------------
@@ -131,6 +168,10 @@ def implementations(definition) -> tuple[dict, dict]:
     except Exception as e:
         missing["opforge"] = f"{type(e).__name__}: {e}"
     fns["bf16 matmul"] = lambda s: torch.matmul(s["a_bf16"], s["b_bf16"])
+    try:
+        fns["read only"] = read_only_fn()
+    except Exception as e:
+        missing["read only"] = f"{type(e).__name__}: {e}"
     return fns, missing
 
 
@@ -162,9 +203,14 @@ def check(definition, label: str, fn, s, want) -> dict:
             "max_abs": c.max_absolute_error if c else None, "max_rel": c.max_relative_error if c else None}
 
 
+def back_to_back_us(fn, sets) -> float:
+    """Device µs per call when one CUDA graph calls fn on every set in turn (replayed)."""
+    return 1e3 * timing.opforge_timing.graph_ms_per_call(lambda: [fn(s) for s in sets], [], calls=1, replays=3) / len(sets)
+
+
 def measure(definition, label, fn, sets, want, nbytes, own_bytes, ctx) -> dict:
     try:
-        row = {"status": "ok", "check": check(definition, label, fn, sets[0], want)}
+        row = {"status": "ok", "check": None if label == "read only" else check(definition, label, fn, sets[0], want)}
     except Exception as e:
         return {"status": "ERROR", "error": f"{type(e).__name__}: {str(e)[:300]}"}
     us = safe(timing.device_time_us, fn, [(s,) for s in sets], ctx.cuda, ctx.target_s)
@@ -172,6 +218,12 @@ def measure(definition, label, fn, sets, want, nbytes, own_bytes, ctx) -> dict:
         return {**row, "status": "ERROR", "error": us}
     gbps = nbytes / (us * 1e3)
     row.update(us=us, gbps=gbps, pct_copy=100 * gbps / ctx.copy_gbps)
+    if ctx.cuda and label != "reference":  # the reference takes milliseconds: nothing to overlap
+        b2b = safe(back_to_back_us, fn, sets)
+        if isinstance(b2b, str):
+            row["b2b_error"] = b2b
+        else:
+            row.update(b2b_us=b2b, b2b_pct_copy=100 * nbytes / (b2b * 1e3) / ctx.copy_gbps)
     if own_bytes is not None:
         row["own_gbps"] = own_bytes / (us * 1e3)
     return row
@@ -206,7 +258,7 @@ def cell(r: dict) -> tuple[str, str, str, str]:
     if r["status"] != "ok":
         return r["status"], "", "", ""
     c = r["check"]
-    verdict = "pass" if c["passed"] else f"FAIL (max abs {fmt(c['max_abs'], 4)})"
+    verdict = "—" if c is None else "pass" if c["passed"] else f"FAIL (max abs {fmt(c['max_abs'], 4)})"
     return fmt(r["us"]), fmt(r["gbps"], 0), fmt(r["pct_copy"], 0) + "%", verdict
 
 
@@ -231,16 +283,36 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
+def b2b_table(rows: list) -> str:
+    impls = [i for i in IMPLS if i != "reference"]
+    head = ["M×K×L"] + [f"{impl} {what}" for impl in impls for what in ("µs", "% copy")]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"{r['M']}×{r['K']}×{r['L']}"]
+        for impl in impls:
+            x = r["impls"][impl]
+            cells += ([fmt(x["b2b_us"]), fmt(x["b2b_pct_copy"], 0) + "%"] if "b2b_us" in x
+                      else [x.get("b2b_error", x["status"])[:40], ""])
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def target_lines(rows: list) -> list[str]:
     lines = []
     for r in rows:
         if (r["M"], r["K"], r["L"]) not in SPEED_SHAPES:
             continue
-        o = r["impls"]["opforge"]
+        o, sol = r["impls"]["opforge"], r["impls"].get("read only", {})
         if o["status"] == "ok":
             met = o["pct_copy"] >= TARGET_PCT and o["check"]["passed"]
-            lines.append(f"- {r['M']}×{r['K']}×{r['L']}: opforge {fmt(o['pct_copy'], 0)}% of copy "
-                         f"({'met' if met else 'NOT met'})")
+            line = (f"- {r['M']}×{r['K']}×{r['L']}: opforge {fmt(o['pct_copy'], 0)}% of copy "
+                    f"({'met' if met else 'NOT met'})")
+            if "b2b_pct_copy" in o:
+                line += f"; back to back {fmt(o['b2b_pct_copy'], 0)}%"
+            if sol.get("status") == "ok":
+                line += (f"; a pure read of the same bytes: {fmt(sol['pct_copy'], 0)}%"
+                         + (f", back to back {fmt(sol['b2b_pct_copy'], 0)}%" if "b2b_pct_copy" in sol else ""))
+            lines.append(line)
         else:
             lines.append(f"- {r['M']}×{r['K']}×{r['L']}: opforge {o['status']} {o.get('error', '')}")
     return lines
@@ -262,6 +334,8 @@ def render(results: dict) -> str:
         "\n## Device time, % of copy, check\n",
         table(results["cases"]),
     ]
+    if any("b2b_us" in x for c in results["cases"] for x in c["impls"].values()):
+        parts += ["\n## Back to back (one CUDA graph over the input sets), µs per call\n", b2b_table(results["cases"])]
     return "\n".join(parts) + "\n"
 
 
