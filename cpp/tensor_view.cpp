@@ -47,9 +47,11 @@ struct TorchBridge {
   PyObject* to_dlpack = nullptr;    // torch._C._to_dlpack
   int (*export_view)(void*, nb::dlpack::dltensor*) = nullptr;  // the exchange API's, when torch has it
   PyObject* increment_version = nullptr;                        // takes a tuple of tensors
-  PyObject* untyped_storage = nullptr;                          // interned method names
+  PyObject* is_grad_enabled = nullptr;                          // torch.is_grad_enabled
+  PyObject* untyped_storage = nullptr;                          // interned method and attribute names
   PyObject* storage_offset = nullptr;
   PyObject* is_neg = nullptr;
+  PyObject* requires_grad = nullptr;
 };
 TorchBridge torch_bridge;
 
@@ -121,6 +123,24 @@ TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name) {
     throw_type_error(std::string("opforge.") + ctx.op + ": " + name + " must be a torch.Tensor, got " +
                      nb::str(obj.type().attr("__name__")).c_str());
   }
+  // Autograd cannot see through the kernels: a tensor that needs grad while grad mode is on is
+  // refused rather than given a result without a gradient (no_grad / inference_mode calls pay
+  // one call here).
+  PyObject* grad_mode = PyObject_Vectorcall(torch_bridge.is_grad_enabled, nullptr, 0, nullptr);
+  if (!grad_mode) throw nb::python_error();
+  const bool grad_on = grad_mode == Py_True;
+  Py_DECREF(grad_mode);
+  if (grad_on) {
+    PyObject* needs = PyObject_GetAttr(obj.ptr(), torch_bridge.requires_grad);
+    if (!needs) throw nb::python_error();
+    const bool refuse = needs == Py_True;
+    Py_DECREF(needs);
+    if (refuse) {
+      throw_value_error(std::string("opforge.") + ctx.op + ": " + name +
+                        " requires grad, but opforge ops have no backward; call under torch.no_grad() / "
+                        "torch.inference_mode() or pass " + name + ".detach()");
+    }
+  }
   TensorArg a;
   a.name = name;
   if (torch_bridge.export_view) {
@@ -157,7 +177,8 @@ void mark_written(std::initializer_list<nb::handle> outputs) {
 void bind_tensors(nb::module_& m) {
   m.def(
       "bind_torch",
-      [](nb::handle tensor_type, nb::handle to_dlpack, nb::handle exchange_api, nb::handle increment_version) {
+      [](nb::handle tensor_type, nb::handle to_dlpack, nb::handle exchange_api, nb::handle increment_version,
+         nb::handle is_grad_enabled) {
         const DLPackExchangeAPI* api = nullptr;
         if (!exchange_api.is_none()) {
           api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(exchange_api.ptr(), "dlpack_exchange_api"));
@@ -165,7 +186,8 @@ void bind_tensors(nb::module_& m) {
         }
         // Rebinding (tests force the capsule export this way) releases the previous objects.
         for (PyObject* o : {torch_bridge.tensor_type, torch_bridge.to_dlpack, torch_bridge.increment_version,
-                            torch_bridge.untyped_storage, torch_bridge.storage_offset, torch_bridge.is_neg}) {
+                            torch_bridge.is_grad_enabled, torch_bridge.untyped_storage, torch_bridge.storage_offset,
+                            torch_bridge.is_neg, torch_bridge.requires_grad}) {
           Py_XDECREF(o);
         }
         TorchBridge b;
@@ -174,14 +196,18 @@ void bind_tensors(nb::module_& m) {
         // Only DLPack major version 1 has this layout; anything else exports through capsules.
         b.export_view = api && api->major == 1 ? api->dltensor_from_py_object_no_sync : nullptr;
         b.increment_version = increment_version.inc_ref().ptr();
+        b.is_grad_enabled = is_grad_enabled.inc_ref().ptr();
+        b.requires_grad = PyUnicode_InternFromString("requires_grad");
         b.untyped_storage = PyUnicode_InternFromString("untyped_storage");
         b.storage_offset = PyUnicode_InternFromString("storage_offset");
         b.is_neg = PyUnicode_InternFromString("is_neg");
         torch_bridge = b;
       },
       nb::arg("tensor_type"), nb::arg("to_dlpack"), nb::arg("exchange_api").none(), nb::arg("increment_version"),
+      nb::arg("is_grad_enabled"),
       "Called once by opforge._ext: torch.Tensor, torch._C._to_dlpack, torch's DLPack exchange API capsule "
-      "(None where torch has none) and a function bumping the version counters of a tuple of tensors.");
+      "(None where torch has none), a function bumping the version counters of a tuple of tensors and "
+      "torch.is_grad_enabled.");
 }
 
 std::string dtype_name(nb::dlpack::dtype dt) {

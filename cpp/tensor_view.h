@@ -68,8 +68,9 @@ struct TensorArg {
 };
 
 // `obj` as the kernels will see it, after the checks only torch can answer: it is a
-// torch.Tensor, it is not a negative-bit view, and its storage holds every element the view
-// reaches (a storage freed or shrunk with untyped_storage().resize_() does not).
+// torch.Tensor, it does not require grad while grad mode is on, it is not a negative-bit view,
+// and its storage holds every element the view reaches (a storage freed or shrunk with
+// untyped_storage().resize_() does not).
 TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name);
 
 // Tells autograd that the kernels wrote these tensors in place (bumps their version counters),

@@ -498,19 +498,117 @@ def test_real_ops_answer_from_the_build_archs(monkeypatch, op, archs, supported)
 
 
 def test_real_op_auto_on_cpu_picks_cpu_backend(monkeypatch):
-    """auto never falls back to the plain-PyTorch backend on its own: on CPU it is the C++ op."""
+    """auto never falls back to the plain-PyTorch backend on its own: on CPU it is the C++ op
+    (the binding launching), on the first call of a device (checked path) and after (fast entry)."""
     from opforge.ops import norm as norm_module
 
     seen = []
-    original = norm_module._run
 
-    def spy(*args):
-        seen.append(args[-1])
-        return original(*args)
+    class Spy:
+        def norm(self, *args):
+            seen.append("launch" if args[-1] else "validate")
+            return original.norm(*args)
 
-    monkeypatch.setattr(norm_module, "_run", spy)
+    original = norm_module._C
+    monkeypatch.setattr(norm_module, "_C", Spy())
+    choices = opforge.rmsnorm.__wrapped__.auto_choice
+    saved = dict(choices)
+    choices.clear()  # as in a fresh process: the first call resolves "auto" on the checked path
+    try:
+        x, w = torch.randn(2, 8), torch.randn(8)
+        opforge.rmsnorm(x, w)
+        assert choices == {-1: "cpu"}
+        opforge.rmsnorm(x, w)
+        opforge.rmsnorm(x, w, backend="torch")
+        opforge.rmsnorm(x, w, backend="cpu")
+    finally:
+        choices.update(saved)
+    assert seen == ["launch", "launch", "validate", "launch"]
+
+
+# --- the fast entries of the built-in ops --------------------------------------------------
+
+
+def _fast_cases(name):
+    x, w, r = torch.randn(3, 8), torch.randn(8), torch.randn(3, 8)
+    g = torch.randn(3, 16)
+    return {op: (getattr(opforge, op), calls) for op, _, calls in [
+        ("rmsnorm", None, [
+            ((x, w.double()), {}),                         # dtypes differ
+            ((x, torch.randn(7)), {}),                     # weight size
+            ((x, "w"), {}),                                # not a tensor
+            ((x, None), {}),
+            ((x, w), {"out": torch.empty(2, 8)}),          # out shape
+            ((x, w), {"out": x[:, :4]}),
+            ((x, w, 1e-6, x.t()), {}),                     # out strides
+            ((x.clone().requires_grad_(), w), {}),         # grad
+            ((x, w), {"out": "o"}),
+            ((x, w, "eps"), {}),
+        ]),
+        ("fused_add_rmsnorm", None, [
+            ((x, r[:2], w), {}),
+            ((x, r, w), {"residual_out": torch.empty(3, 8, dtype=torch.float64)}),
+            ((x, "r", w), {}),
+            ((x, r.clone().requires_grad_(), w), {}),
+        ]),
+        ("silu_and_mul", None, [
+            ((torch.randn(3, 15),), {}),                   # odd last dimension
+            ((g,), {"out": torch.empty(3, 16)}),
+            ((g.clone().requires_grad_(),), {}),
+            ((torch.ones(3, 16, dtype=torch.int32),), {}),
+        ]),
+        ("scale", None, [
+            ((x, 0.5), {"out": torch.empty(3, 9)}),
+            ((x.clone().requires_grad_(), 0.5), {}),
+            ((x, "half"), {}),
+        ]),
+    ]}[name]
+
+
+def _outcome(fn, args, kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # the comparison is of what the user sees
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "fused_add_rmsnorm", "silu_and_mul", "scale"])
+def test_fast_entry_refuses_what_the_checked_path_refuses(name):
+    """The one-frame entry of a plain call skips the Python checks: the binding must refuse every
+    bad call with the same error type and message as the checked path (which runs them)."""
+    op, calls = _fast_cases(name)
+    op(*{"rmsnorm": (torch.randn(2, 8), torch.randn(8)), "fused_add_rmsnorm": (torch.randn(2, 8), torch.randn(2, 8),
+         torch.randn(8)), "silu_and_mul": (torch.randn(2, 8),), "scale": (torch.randn(2, 8), 0.5)}[name])
+    assert op.__wrapped__.auto_choice.get(-1) == "cpu"  # CPU is resolved: plain calls take the fast entry
+    for args, kwargs in calls:
+        fast, checked = _outcome(op, args, kwargs), _outcome(op.__wrapped__, args, kwargs)
+        assert fast is not None, (name, args, kwargs)
+        assert fast == checked, (name, fast, checked)
+
+
+def test_fast_entry_hands_unusual_calls_to_the_checked_path(monkeypatch):
+    """Explicit backends, keyword-only first arguments, int eps, tracing/apply hooks and tensor
+    subclasses go through the checked wrapper; plain calls do not."""
+    from opforge.ops import norm as norm_module
+
+    calls = []
+    checked = opforge.rmsnorm.__wrapped__
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("backend"))
+        return checked(*args, **kwargs)
+
     x, w = torch.randn(2, 8), torch.randn(8)
-    opforge.rmsnorm(x, w)
-    opforge.rmsnorm(x, w, backend="torch")
-    opforge.rmsnorm(x, w, backend="cpu")
-    assert seen == ["cpu", "torch", "cpu"]
+    opforge.rmsnorm(x, w)  # resolves CPU
+    spy.auto_choice = checked.auto_choice
+    fast = norm_module._fast_norm(spy, False)
+    torch.testing.assert_close(fast(x, w, 1e-6), opforge.rmsnorm(x, w, 1e-6, backend="torch"))
+    assert calls == []
+    fast(x, w, 1e-6, backend="cpu")
+    fast(x, w, 1)                                     # int eps: the checked path converts it
+    fast(torch.nn.Parameter(x, requires_grad=False), w)
+    monkeypatch.setattr(norm_module._hooks, "active", True)
+    monkeypatch.setattr(norm_module._hooks, "handler", lambda name, unhooked, args, kwargs: unhooked(*args, **kwargs))
+    fast(x, w)
+    assert calls == ["cpu", "auto", "auto", "auto"]

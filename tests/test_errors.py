@@ -561,11 +561,11 @@ def export_spy():
         return torch._C._to_dlpack(t)
 
     def bind(api):
-        _C.bind_torch(torch.Tensor, to_dlpack, api, _ext._version_bump())
+        _C.bind_torch(torch.Tensor, to_dlpack, api, _ext._version_bump(), torch._C.is_grad_enabled)
 
     yield bind, exported
     _C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
-                  _ext._version_bump())
+                  _ext._version_bump(), torch._C.is_grad_enabled)
 
 
 @pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"), reason="torch has no DLPack exchange API")

@@ -37,7 +37,7 @@ def _version_bump():
 
 
 _C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
-              _version_bump())
+              _version_bump(), torch._C.is_grad_enabled)
 
 #: Handle of torch's current CUDA stream on a device index (0 = the legacy default stream).
 #: torch's raw accessor skips building a Stream object, which costs about 1 us per call.

@@ -240,6 +240,9 @@ def backend_requirement(
             marked = [mark for mark in map(_ccs_of, checks.values()) if mark is not None]
             return not marked or any(_supports(mark, cc) for mark in marked)
 
+        # Device index (-1: CPU) -> the backend "auto" chose there after its checks passed: an op's
+        # fast entry (fast_entry) serves calls on such a device without the wrapper.
+        wrapper.auto_choice = auto_choice
         wrapper.is_backend_supported = is_backend_supported
         wrapper.is_compute_capability_supported = is_compute_capability_supported
         wrapper.has_backend = lambda backend: backend in checks
@@ -248,3 +251,18 @@ def backend_requirement(
         return wrapper
 
     return decorate
+
+
+def fast_entry(slow: Callable, fast: Callable) -> Callable:
+    """The public function of an op whose plain calls must cost little on the host: ``fast`` has
+    the op's signature plus ``skip_check``, serves the common call in one Python frame (backend
+    "auto" on a device ``slow`` already resolved, no tracing or apply hook, not under
+    torch.compile, arguments of the plain types) and hands every other call to ``slow``, the
+    op decorated with backend_requirement, which checks and explains. The compiled binding
+    validates every tensor on both paths (types, dtypes, shapes, devices, strides, storages,
+    aliasing, grad), with the same messages, so skipping the Python-level checks loses nothing.
+    ``fast`` gets ``slow``'s name, documentation and query methods.
+    """
+    functools.update_wrapper(fast, slow)
+    fast.__wrapped__ = slow
+    return fast

@@ -11,13 +11,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import _ext
+from .. import _ext, _hooks
 from .._ext import cuda_stream
 from ..api_logging import opforge_api
-from ..backend import backend_requirement
+from ..backend import backend_requirement, fast_entry
 from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
 
 #: Activation codes understood by the binding, and the fp32 formula each one computes.
 ACTIVATIONS = {
@@ -87,9 +89,24 @@ def _make(activation: str, doc: str):
     # Named before decorating: the decorators put the name into every error message.
     op.__name__ = op.__qualname__ = name
     op.__doc__ = doc
-    op = backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced,
-                             auto_by_device=True)(op)
-    return opforge_api(op)
+    slow = backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced,
+                               auto_by_device=True)(op)
+    auto, code = slow.auto_choice, ACTIVATIONS[activation][0]
+
+    def fast(input, out=None, *, backend="auto", skip_check=False):
+        # The plain call in one frame (see backend.fast_entry); anything else takes the checked path.
+        if (backend != "auto" or _hooks.active or type(input) is not _Tensor
+                or (out is not None and type(out) is not _Tensor) or _is_compiling()):
+            return slow(input, out, backend=backend, skip_check=skip_check)
+        index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
+        if index is None or auto.get(index) is None:
+            return slow(input, out, backend=backend, skip_check=skip_check)
+        if out is None:
+            out = _out_like(input, name)
+        _C.act_and_mul(out, input, code, cuda_stream(index) if index >= 0 else 0, True)
+        return out
+
+    return opforge_api(fast_entry(slow, fast))
 
 
 _DOC = """``out = {formula} * input[..., d:]`` for input [..., 2d] -> out [..., d].

@@ -19,13 +19,15 @@ from typing import Optional
 
 import torch
 
-from .. import _ext
+from .. import _ext, _hooks
 from .._ext import cuda_stream
 from ..api_logging import opforge_api
-from ..backend import backend_requirement
+from ..backend import backend_requirement, fast_entry
 from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
 
 
 def _op_name(add: bool, gemma: bool) -> str:
@@ -131,7 +133,6 @@ def _requirement(check, traced):
                                auto_by_device=True)
 
 
-@opforge_api
 @_requirement(_check_norm, _traced_norm(False))
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None, *,
             backend: str = "auto") -> torch.Tensor:
@@ -150,7 +151,6 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: O
     return out
 
 
-@opforge_api
 @_requirement(_check_norm, _traced_norm(True))
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None, *,
                   backend: str = "auto") -> torch.Tensor:
@@ -160,7 +160,6 @@ def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, 
     return out
 
 
-@opforge_api
 @_requirement(_check_add_norm, _traced_add_norm(False))
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                       out: Optional[torch.Tensor] = None, residual_out: Optional[torch.Tensor] = None, *,
@@ -176,7 +175,6 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
     return out, residual_out
 
 
-@opforge_api
 @_requirement(_check_add_norm, _traced_add_norm(True))
 def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                             out: Optional[torch.Tensor] = None, residual_out: Optional[torch.Tensor] = None, *,
@@ -186,3 +184,52 @@ def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight:
     residual_out = torch.empty_like(residual) if residual_out is None else residual_out
     _run(out, input, residual, residual_out, weight, float(eps), True, backend)
     return out, residual_out
+
+
+# --- the fast entries: what a plain call costs on the host ----------------------------------
+
+
+def _fast_norm(slow, gemma: bool):
+    auto = slow.auto_choice
+
+    def fast(input, weight, eps=1e-6, out=None, *, backend="auto", skip_check=False):
+        if (backend != "auto" or _hooks.active or type(input) is not _Tensor or type(weight) is not _Tensor
+                or type(eps) is not float or (out is not None and type(out) is not _Tensor) or _is_compiling()):
+            return slow(input, weight, eps, out, backend=backend, skip_check=skip_check)
+        index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
+        if index is None or auto.get(index) is None:  # a device the checked path has not resolved yet
+            return slow(input, weight, eps, out, backend=backend, skip_check=skip_check)
+        if out is None:
+            out = torch.empty_like(input)
+        _C.norm(out, input, None, None, weight, eps, gemma, cuda_stream(index) if index >= 0 else 0, True)
+        return out
+
+    return fast_entry(slow, fast)
+
+
+def _fast_add_norm(slow, gemma: bool):
+    auto = slow.auto_choice
+
+    def fast(input, residual, weight, eps=1e-6, out=None, residual_out=None, *, backend="auto", skip_check=False):
+        if (backend != "auto" or _hooks.active or type(input) is not _Tensor or type(residual) is not _Tensor
+                or type(weight) is not _Tensor or type(eps) is not float
+                or (out is not None and type(out) is not _Tensor)
+                or (residual_out is not None and type(residual_out) is not _Tensor) or _is_compiling()):
+            return slow(input, residual, weight, eps, out, residual_out, backend=backend, skip_check=skip_check)
+        index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
+        if index is None or auto.get(index) is None:
+            return slow(input, residual, weight, eps, out, residual_out, backend=backend, skip_check=skip_check)
+        if out is None:
+            out = torch.empty_like(input)
+        if residual_out is None:
+            residual_out = torch.empty_like(residual)
+        _C.norm(out, input, residual, residual_out, weight, eps, gemma, cuda_stream(index) if index >= 0 else 0, True)
+        return out, residual_out
+
+    return fast_entry(slow, fast)
+
+
+rmsnorm = opforge_api(_fast_norm(rmsnorm, False))
+gemma_rmsnorm = opforge_api(_fast_norm(gemma_rmsnorm, True))
+fused_add_rmsnorm = opforge_api(_fast_add_norm(fused_add_rmsnorm, False))
+gemma_fused_add_rmsnorm = opforge_api(_fast_add_norm(gemma_fused_add_rmsnorm, True))

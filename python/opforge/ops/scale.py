@@ -6,13 +6,15 @@ from typing import Optional
 
 import torch
 
-from .. import _ext
+from .. import _ext, _hooks
 from .._ext import cuda_stream
 from ..api_logging import opforge_api
-from ..backend import backend_requirement
+from ..backend import backend_requirement, fast_entry
 from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
 
 
 def scale_reference(x: torch.Tensor, factor: float) -> torch.Tensor:
@@ -55,7 +57,6 @@ def _check(x, factor, out=None, *, backend="auto"):
     return True
 
 
-@opforge_api
 @backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=_traced,
                      auto_by_device=True)
 def scale(x: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
@@ -67,3 +68,25 @@ def scale(x: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, *,
     out = torch.empty_like(x) if out is None else out
     _run(out, x, float(factor), backend)
     return out
+
+
+def _fast(slow):
+    auto = slow.auto_choice
+
+    def fast(x, factor, out=None, *, backend="auto", skip_check=False):
+        # The plain call in one frame (see backend.fast_entry); anything else takes the checked path.
+        if (backend != "auto" or _hooks.active or type(x) is not _Tensor or type(factor) is not float
+                or (out is not None and type(out) is not _Tensor) or _is_compiling()):
+            return slow(x, factor, out, backend=backend, skip_check=skip_check)
+        index = x.get_device() if x.is_cuda else -1 if x.is_cpu else None
+        if index is None or auto.get(index) is None:
+            return slow(x, factor, out, backend=backend, skip_check=skip_check)
+        if out is None:
+            out = torch.empty_like(x)
+        _C.scale(out, x, factor, cuda_stream(index) if index >= 0 else 0, True)
+        return out
+
+    return fast_entry(slow, fast)
+
+
+scale = opforge_api(_fast(scale))
