@@ -81,7 +81,7 @@ const char* act_op_name(Activation act) {
   }
 }
 
-void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr_t stream, bool launch) {
+void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr_t stream, bool launch, bool pdl) {
   if (act_code < 0 || act_code > 2) throw_value_error("opforge: unknown activation code " + std::to_string(act_code));
   const auto act = static_cast<Activation>(act_code);
   const OpContext ctx{act_op_name(act)};
@@ -118,6 +118,8 @@ void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr
   p.input_stride = x.row_stride;
   p.act = act;
   p.dtype = x.dtype;
+  check_pdl(ctx, x, pdl);
+  p.pdl = pdl;
   if (!launch || o.numel() == 0) return;  // launch=false: validate only
   if (!x.is_cuda()) {
     cpu::run_cpu(p.dtype, o.numel(), [&](auto tag) { act_and_mul_cpu<decltype(tag)>(p); });
@@ -135,7 +137,8 @@ void bind_elementwise(nb::module_& m) {
   m.def("scale", &scale, nb::arg("out"), nb::arg("input"), nb::arg("factor"),
         nb::arg("stream"), nb::arg("launch"), "out = input * factor (fp32 math); see opforge.ops.scale.");
   m.def("act_and_mul", &act_and_mul, nb::arg("out"), nb::arg("input"), nb::arg("act"),
-        nb::arg("stream"), nb::arg("launch"), "out = act(input[..., :d]) * input[..., d:]; act 0 silu, 1 gelu, 2 gelu_tanh.");
+        nb::arg("stream"), nb::arg("launch"), nb::arg("pdl") = false,
+        "out = act(input[..., :d]) * input[..., d:]; act 0 silu, 1 gelu, 2 gelu_tanh; pdl: programmatic dependent launch.");
 }
 
 }  // namespace opforge

@@ -62,7 +62,7 @@ const char* norm_op_name(bool add, bool gemma) {
 }
 
 void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb::handle residual_out_obj,
-          nb::handle weight_obj, double eps, bool gemma, uintptr_t stream, bool launch, int vpt) {
+          nb::handle weight_obj, double eps, bool gemma, uintptr_t stream, bool launch, int vpt, bool pdl) {
   const bool add = !residual_obj.is_none();
   const OpContext ctx{norm_op_name(add, gemma)};
   const TensorArg input = tensor_arg(ctx, input_obj, "input");
@@ -104,6 +104,8 @@ void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb:
   p.weight_offset = gemma ? 1.f : 0.f;
   p.dtype = x.dtype;
   p.force_vpt = vpt;
+  check_pdl(ctx, x, pdl);
+  p.pdl = pdl;
 
   if (add) {
     if (residual_out_obj.is_none()) throw_value_error(std::string("opforge.") + ctx.op + ": residual_out is required");
@@ -148,7 +150,9 @@ void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb:
 void bind_norm(nb::module_& m) {
   m.def("norm", &norm, nb::arg("out"), nb::arg("input"), nb::arg("residual").none(), nb::arg("residual_out").none(),
         nb::arg("weight"), nb::arg("eps"), nb::arg("gemma"), nb::arg("stream"), nb::arg("launch"), nb::arg("vpt") = -1,
+        nb::arg("pdl") = false,
         "RMSNorm family into `out` (and `residual_out` when `residual` is given); see opforge.ops.norm.\n"
+        "pdl: programmatic dependent launch (compute capability 9.0+).\n"
         "vpt >= 0 forces the CUDA launch shape (vectors per thread, 0 = streaming) for tuning.");
 }
 

@@ -409,6 +409,22 @@ void check_device_supported(const OpContext& ctx, const RowView& v) {
                     device_string(v.device_type, v.device_id) + "; accepted: cpu or cuda tensors");
 }
 
+void check_pdl(const OpContext& ctx, const RowView& v, bool pdl) {
+  if (!pdl) return;
+  if (!v.is_cuda()) {
+    throw_value_error(std::string("opforge.") + ctx.op + ": enable_pdl=True needs CUDA tensors (programmatic "
+                      "dependent launch); " + v.name + " is on " + device_string(v.device_type, v.device_id));
+  }
+#ifdef OPFORGE_WITH_CUDA
+  const int cc = cuda::compute_capability(v.device_id);
+  if (cc < 90) {
+    throw_value_error(std::string("opforge.") + ctx.op + ": enable_pdl=True needs a GPU of compute capability 9.0 "
+                      "or newer (programmatic dependent launch); cuda:" + std::to_string(v.device_id) + " is " +
+                      (cc < 0 ? std::string("unknown") : std::to_string(cc / 10) + "." + std::to_string(cc % 10)));
+  }
+#endif
+}
+
 void check_has_rows(const OpContext& ctx, const TensorArg& a) {
   if (a.ndim() == 0) {
     throw_value_error(std::string("opforge.") + ctx.op + ": " + a.name +

@@ -104,6 +104,8 @@ void check_alias(const OpContext& ctx, const RowView& out, const RowView& in, bo
 // Refuses CUDA arrays in a build without CUDA, and unknown device kinds.
 void check_device_supported(const OpContext& ctx, const RowView& v);
 
+// enable_pdl=True needs CUDA tensors on a GPU of compute capability 9.0 or newer.
+void check_pdl(const OpContext& ctx, const RowView& v, bool pdl);
 // Ops that work on rows of a hidden dimension refuse 0-d tensors.
 void check_has_rows(const OpContext& ctx, const TensorArg& a);
 

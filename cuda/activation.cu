@@ -51,8 +51,8 @@ int launch_act(const ActMulParams& p, int device, cudaStream_t stream) {
   const bool wide = p.d % kVec == 0 && vec_aligned(p.input, p.input_stride, kVec, sizeof(T)) &&
                     vec_aligned(p.out, p.out_stride, kVec, sizeof(T));
   const ActAndMul<Act> op{p.d};
-  return wide ? launch_rowwise_map<T, kVec>(out, in, s, op, device, stream)
-              : launch_rowwise_map<T, 1>(out, in, s, op, device, stream);
+  return wide ? launch_rowwise_map<T, kVec>(out, in, s, op, device, stream, p.pdl)
+              : launch_rowwise_map<T, 1>(out, in, s, op, device, stream, p.pdl);
 }
 
 template <typename T>

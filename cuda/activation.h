@@ -18,6 +18,7 @@ struct ActMulParams {
   int64_t input_stride = 0;
   Activation act = Activation::kSilu;
   DType dtype = DType::kFloat32;
+  bool pdl = false;  // programmatic dependent launch (compute capability 9.0+, checked by the caller)
 };
 
 int launch_act_and_mul(const ActMulParams& p, int device, void* stream);

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "device.h"
+#include "launch.cuh"
 #include "vec.cuh"
 
 namespace opforge::cuda {
@@ -25,6 +26,7 @@ constexpr int kMapThreads = 256;
 // rows in one block (blockDim.y > 1) so no block is mostly idle.
 template <typename T, int VEC, int UNROLL, typename Op>
 __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const T* in, const RowwiseShape s, const Op op) {
+  wait_for_previous_grid();
   const int64_t col_step = int64_t(gridDim.x) * blockDim.x * VEC * UNROLL;
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < s.rows; r += int64_t(gridDim.y) * blockDim.y) {
     const T* in_row = in + r * s.in_stride;
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
 // x covers the columns of a row once (the kernel strides when a grid dimension is capped),
 // y the rows.
 template <typename T, int VEC, int UNROLL, typename Op>
-int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, cudaStream_t stream) {
+int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, cudaStream_t stream, bool pdl) {
   const int64_t nv = (s.cols + VEC - 1) / VEC;
   // Blocks per row first, then threads per block just wide enough for an even split (a row of
   // 1376 vectors is two blocks of 192 threads, not 256 + a mostly idle 256).
@@ -68,18 +70,19 @@ int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, cu
   const int64_t tx = std::min<int64_t>(kMapThreads, (per_block + UNROLL * 32 - 1) / (UNROLL * 32) * 32);
   const int64_t ty = kMapThreads / tx;
   const int64_t gy = std::min<int64_t>((s.rows + ty - 1) / ty, 65535);
-  rowwise_map_kernel<T, VEC, UNROLL, Op>
-      <<<dim3(unsigned(gx), unsigned(gy)), dim3(unsigned(tx), unsigned(ty)), 0, stream>>>(out, in, s, op);
-  return last_launch_status();
+  const cudaError_t err = launch_kernel(rowwise_map_kernel<T, VEC, UNROLL, Op>, dim3(unsigned(gx), unsigned(gy)),
+                                        dim3(unsigned(tx), unsigned(ty)), 0, stream, pdl, out, in, s, op);
+  return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
 }
 
 template <typename T, int VEC, typename Op>
-int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream) {
+int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream,
+                       bool pdl = false) {
   if (s.rows == 0 || s.cols == 0) return 0;
   const int64_t vectors = s.rows * ((s.cols + VEC - 1) / VEC);
   // 4 vectors per thread only once that still gives every resident thread (2048 per SM) work.
-  if (vectors < int64_t(sm_count(device)) * 2048 * 4) return launch_unrolled<T, VEC, 1>(out, in, s, op, stream);
-  return launch_unrolled<T, VEC, 4>(out, in, s, op, stream);
+  if (vectors < int64_t(sm_count(device)) * 2048 * 4) return launch_unrolled<T, VEC, 1>(out, in, s, op, stream, pdl);
+  return launch_unrolled<T, VEC, 4>(out, in, s, op, stream, pdl);
 }
 
 }  // namespace opforge::cuda

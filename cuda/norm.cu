@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "device.h"
+#include "launch.cuh"
 #include "launch_shape.h"
 #include "norm.h"
 #include "vec.cuh"
@@ -21,6 +22,7 @@ constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_m
 // nothing serialises the memory round trips.
 template <typename T, int VEC, int VPT, bool ADD>
 __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p, const int group) {
+  wait_for_previous_grid();
   __shared__ float scratch[32];
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   const int lane = threadIdx.x % group;
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 // before the same thread overwrites them.
 template <typename T, int VEC, bool ADD>
 __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormParams p) {
+  wait_for_previous_grid();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const T* in = static_cast<const T*>(p.input) + row * p.input_stride;
@@ -138,16 +141,18 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 template <typename T, int VEC, bool ADD>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
   const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, ADD, sm_count(device), p.force_vpt);
+  const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
+  cudaError_t err;
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
-    case 0: norm_rows_streaming_kernel<T, VEC, ADD><<<l.blocks, l.threads, 0, stream>>>(p); break;
-    case 1: norm_rows_kernel<T, VEC, 1, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
-    case 2: norm_rows_kernel<T, VEC, 2, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
-    case 4: norm_rows_kernel<T, VEC, 4, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
-    case 8: norm_rows_kernel<T, VEC, 8, ADD><<<l.blocks, l.threads, 0, stream>>>(p, l.group); break;
+    case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
+    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
+    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
+    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
     default: return static_cast<int>(cudaErrorInvalidConfiguration);
   }
-  return last_launch_status();
+  return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
 }
 
 template <typename T>

@@ -28,6 +28,7 @@ struct NormParams {
   float weight_offset = 0.f;
   DType dtype = DType::kFloat32;
   int force_vpt = -1;  // launch-shape override for tuning (see choose_norm_launch); -1 = heuristic
+  bool pdl = false;    // programmatic dependent launch (compute capability 9.0+, checked by the caller)
 };
 
 // Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).

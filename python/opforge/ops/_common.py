@@ -69,6 +69,11 @@ def check_float(name: str, value) -> None:
                              "accepted: a float (at most 1.8e308 in magnitude)") from None
 
 
+def check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+
+
 @supported_compute_capability(_ext.build_runs_on)
 def cuda_check(*args, **kwargs) -> bool:
     t = first_tensor(args)

@@ -15,7 +15,7 @@ from .. import _ext, _hooks
 from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement, fast_entry
-from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, refuse_grad
+from ._common import BACKEND_CHECKS, LIBRARY, check_bool, check_tensors, native_backend, refuse_grad
 
 _C = _ext._C
 _Tensor = torch.Tensor
@@ -43,22 +43,22 @@ def _out_like(input: torch.Tensor, name: str) -> torch.Tensor:
     return torch.empty((*shape[:-1], shape[-1] // 2), dtype=input.dtype, device=input.device)
 
 
-def _run(out, input, activation: str, backend: str) -> None:
+def _run(out, input, activation: str, backend: str, pdl: bool = False) -> None:
     launch = backend != "torch"
     # For the "torch" backend the binding only validates (launch=False); the reference computes.
     stream = cuda_stream(input.get_device()) if launch and input.is_cuda else 0
-    _C.act_and_mul(out, input, ACTIVATIONS[activation][0], stream, launch)
+    _C.act_and_mul(out, input, ACTIVATIONS[activation][0], stream, launch, pdl)
     if not launch:
         out.copy_(act_and_mul_reference(input, activation))
 
 
 @torch.library.custom_op(f"{LIBRARY}::act_and_mul", mutates_args=("out",))
-def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, activation: str) -> None:
-    _run(out, input, activation, "auto")
+def _act_and_mul_op(out: torch.Tensor, input: torch.Tensor, activation: str, pdl: bool = False) -> None:
+    _run(out, input, activation, "auto", pdl)
 
 
 @_act_and_mul_op.register_fake
-def _act_and_mul_fake(out, input, activation) -> None:
+def _act_and_mul_fake(out, input, activation, pdl=False) -> None:
     if input.shape[-1] % 2 or out.shape != (*input.shape[:-1], input.shape[-1] // 2):
         raise ValueError(f"opforge {activation}_and_mul: input {tuple(input.shape)} and out {tuple(out.shape)} do not match")
 
@@ -66,8 +66,9 @@ def _act_and_mul_fake(out, input, activation) -> None:
 _ARGS = ("input", "out")
 
 
-def _check(input, out=None, *, backend="auto"):
+def _check(input, out=None, *, backend="auto", enable_pdl=False):
     check_tensors(_ARGS, (input, out), 1)
+    check_bool("enable_pdl", enable_pdl)
     return True
 
 
@@ -75,15 +76,16 @@ def _make(activation: str, doc: str):
     """The public op for one activation (the three differ only in the formula)."""
     name = f"{activation}_and_mul"
 
-    def traced(input, out=None, *, backend="auto"):
+    def traced(input, out=None, *, backend="auto", enable_pdl=False):
         refuse_grad(_ARGS, (input, out), f"opforge.{name}: ")
         out = _out_like(input, name) if out is None else out
-        _act_and_mul_op(out, input, activation)
+        _act_and_mul_op(out, input, activation, bool(enable_pdl))
         return out
 
-    def op(input: torch.Tensor, out: Optional[torch.Tensor] = None, *, backend: str = "auto") -> torch.Tensor:
+    def op(input: torch.Tensor, out: Optional[torch.Tensor] = None, *, backend: str = "auto",
+           enable_pdl: bool = False) -> torch.Tensor:
         out = _out_like(input, name) if out is None else out
-        _run(out, input, activation, backend)
+        _run(out, input, activation, backend, enable_pdl)
         return out
 
     # Named before decorating: the decorators put the name into every error message.
@@ -93,17 +95,18 @@ def _make(activation: str, doc: str):
                                auto_by_device=True)(op)
     auto, code = slow.auto_choice, ACTIVATIONS[activation][0]
 
-    def fast(input, out=None, *, backend="auto", skip_check=False):
+    def fast(input, out=None, *, backend="auto", enable_pdl=False, skip_check=False):
         # The plain call in one frame (see backend.fast_entry); anything else takes the checked path.
         if (backend != "auto" or _hooks.active or type(input) is not _Tensor
-                or (out is not None and type(out) is not _Tensor) or _is_compiling()):
-            return slow(input, out, backend=backend, skip_check=skip_check)
+                or (out is not None and type(out) is not _Tensor) or type(enable_pdl) is not bool
+                or _is_compiling()):
+            return slow(input, out, backend=backend, enable_pdl=enable_pdl, skip_check=skip_check)
         index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
         if index is None or auto.get(index) is None:
-            return slow(input, out, backend=backend, skip_check=skip_check)
+            return slow(input, out, backend=backend, enable_pdl=enable_pdl, skip_check=skip_check)
         if out is None:
             out = _out_like(input, name)
-        _C.act_and_mul(out, input, code, cuda_stream(index) if index >= 0 else 0, True)
+        _C.act_and_mul(out, input, code, cuda_stream(index) if index >= 0 else 0, True, enable_pdl)
         return out
 
     return opforge_api(fast_entry(slow, fast))
@@ -113,6 +116,8 @@ _DOC = """``out = {formula} * input[..., d:]`` for input [..., 2d] -> out [..., 
 
 input: fp16/bf16/fp32, CUDA or CPU, rows may be strided (last dim contiguous). out: optional
 preallocated [..., d] result (must not overlap input). backend: "auto", "cuda", "cpu", "torch".
+enable_pdl=True: programmatic dependent launch on a GPU of compute capability 9.0+ (see
+:func:`opforge.rmsnorm`).
 """
 
 silu_and_mul = _make("silu", _DOC.format(formula="silu(input[..., :d])"))

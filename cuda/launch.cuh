@@ -1,0 +1,42 @@
+// Kernel launches that may use programmatic dependent launch (PDL, compute capability 9.0+):
+// with it, a kernel's blocks may be scheduled while the previous kernel on the stream is still
+// finishing, and wait on the device (griddepcontrol.wait) until that kernel's writes are visible.
+// What this saves is the launch gap between back-to-back small kernels (decode-size norms and
+// activations), not bandwidth.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+namespace opforge::cuda {
+
+// First thing in every kernel that can be launched with PDL: wait until the previous kernel on
+// the stream has completed and its memory is visible (a no-op for a launch without PDL), then
+// let the next kernel's blocks be scheduled as soon as resources free up. Everything the kernel
+// reads (inputs, weights) is read after the wait, so any of it may come from the previous kernel.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` on `stream`, with programmatic stream serialisation when `pdl` is set (the
+// caller has checked the GPU supports it). Returns the launch's cudaError_t.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = pdl ? attribute : nullptr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace opforge::cuda
