@@ -17,6 +17,7 @@ size; without a GPU, small fp32/bf16 CPU tensors. OPFORGE_BENCH_QUICK=1 (the
 default without a GPU) keeps each benchmark to a few tens of milliseconds.
 For device time, bandwidth and peers (torch.compile, Liger) use roofline.py.
 """
+import functools
 import os
 import time
 
@@ -56,19 +57,20 @@ def pytest_generate_tests(metafunc):
     metafunc.parametrize("case", cases, ids=ids)
 
 
-def _callable(spec, impl):
+def _callable(spec, impl, inputs):
+    """The implementation with the inputs bound once (no per-call adapter is timed with it)."""
     if impl == "opforge":
-        return lambda *t: spec.opforge_call(t)
+        return spec.bound_call(inputs)
     if impl == "opforge-torch":
-        return lambda *t: spec.opforge_call(t, backend="torch")
-    return spec.formula
+        return spec.bound_call(inputs, backend="torch")
+    return functools.partial(spec.formula, *inputs)
 
 
-def _rounds(fn, inputs):
+def _rounds(fn):
     """Rounds that fit BUDGET_S, from one timed call after a warm-up call."""
-    fn(*inputs)
+    fn()
     t0 = time.perf_counter()
-    fn(*inputs)
+    fn()
     dt = max(time.perf_counter() - t0, 1e-6)
     return int(min(max(BUDGET_S / dt, 3), 2000))
 
@@ -81,21 +83,21 @@ def op_bench(benchmark):
         name, impl, rows, hidden, dt = case
         spec = opspecs.SPEC[name]
         inputs = opspecs.make_input_sets(spec, rows, hidden, opspecs.DTYPES[dt], DEVICE)[0]
-        fn = _callable(spec, impl)
+        fn = _callable(spec, impl, inputs)
         if HAS_CUDA:
             raw = fn
 
-            def fn(*t):
+            def fn():
                 # Kernels launch asynchronously: without this the timer would
                 # measure only the launch. Includes one sync round trip.
-                r = raw(*t)
+                r = raw()
                 torch.cuda.synchronize()
                 return r
         benchmark.group = f"{name} {rows}x{hidden} {dt}"
         benchmark.extra_info.update(op=name, impl=impl, rows=rows, hidden=hidden, dtype=dt,
                                     bytes=spec.bytes(rows, hidden, inputs[0].element_size()))
-        rounds = _rounds(fn, inputs) if benchmark.enabled else 1
-        result = benchmark.pedantic(fn, args=inputs, rounds=rounds, warmup_rounds=1 if rounds > 1 else 0)
+        rounds = _rounds(fn) if benchmark.enabled else 1
+        result = benchmark.pedantic(fn, rounds=rounds, warmup_rounds=1 if rounds > 1 else 0)
         problem = opspecs.check(spec, inputs, result)
         assert problem is None, f"{name} [{impl}] {rows}x{hidden} {dt}: {problem}"
 

@@ -20,6 +20,7 @@ Byte formulas count each input read once and each output written once
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional
 
 import torch
@@ -109,6 +110,16 @@ class OpSpec:
         if outs is not None:
             kw.update(zip(self.out_names, outs))
         return getattr(opforge, self.name)(*inputs, *self.extra_args, **kw)
+
+    def bound_call(self, inputs, outs=None, **kw):
+        """The public opforge op with its arguments (and outs, as its out= keywords) bound once:
+        calling it costs what ``opforge.<op>(*inputs, ..., out=...)`` written out costs, which
+        is what a host loop must time."""
+        import opforge
+
+        if outs is not None:
+            kw.update(zip(self.out_names, outs))
+        return functools.partial(getattr(opforge, self.name), *inputs, *self.extra_args, **kw)
 
 
 def _norm_spec(name, formula, add):

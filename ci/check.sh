@@ -13,11 +13,14 @@ step "dependencies"
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
 # triton (its interpreter runs Triton solutions on the CPU) and apache-tvm-ffi (FlashInfer-Bench
 # style CUDA/C++ solutions) let the registry tests cover those builders too.
-$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" triton apache-tvm-ffi
+$PY -m pip install -q "pytest>=7" "pytest-benchmark>=4" pytest-xdist triton apache-tvm-ffi
 # matplotlib reads the HTML report's browser screenshot in tests/report (the package does not need it).
 $PY -m pip install -q matplotlib
 # transformers (the optional extra) lets tests/integrations check opforge.patch on tiny random models.
 $PY -m pip install -q "transformers>=5.0"
+# ray (the optional extra opforge[ray]) lets tests/runner/test_ray_*.py run `opforge run --ray` on a
+# simulated cluster of several Ray nodes on this machine (they skip without it).
+$PY -m pip install -q "ray>=2.10"
 # A headless browser renders the HTML report in tests/report (CI runs as root on Debian).
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
@@ -41,7 +44,11 @@ step "tests"
 # The browser tests of the HTML report fail instead of skipping when chromium is missing.
 export OPFORGE_REQUIRE_BROWSER=1
 # python/ is not on sys.path here, so the tests import the installed package and its extension.
-$PY -m pytest tests -q -p no:cacheprovider
+# One pytest worker per core; a file's tests stay on one worker, so a module's shared fixture
+# (a benchmark run, a build) is made once. Then the rest of the exhaustive sweeps (-m slow: on a
+# CPU a few seconds; their CUDA cases skip here).
+$PY -m pytest tests -q -p no:cacheprovider -n auto --dist loadfile
+$PY -m pytest tests -q -p no:cacheprovider -m slow
 
 step "benchmarks (quick CPU mode)"
 OPFORGE_BENCH_QUICK=1 $PY -m pytest bench -q -p no:cacheprovider

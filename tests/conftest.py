@@ -9,15 +9,25 @@
 * ``ref_*``: the fp64 references.
 * ``DEVICES`` and the ``gpu`` marker: CUDA cases are skipped cleanly without a GPU or without
   CUDA kernels in this build; ``compile`` marks the torch.compile tests (``-m "not compile"``).
+* ``exclusive_gpu``: a test that needs the GPU to itself (it asserts on timings, or takes most
+  of the GPU's memory); with pytest-xdist on a GPU machine the other workers' tests wait while it
+  runs (``gpu_turn``).
+* ``sweep`` and the ``slow`` marker: a parametrization keeps in the default run the cases that
+  reach distinct code (every dtype, backend, kernel variant, tail and error path) and marks the
+  rest of its product ``slow``; ``python -m pytest tests -m slow`` runs those (pyproject's
+  addopts deselects them otherwise).
 
 Test modules import the helpers with ``from conftest import ...``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import random
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +56,15 @@ _MIN_ULP_EXP = {torch.float32: -149, torch.float16: -24, torch.bfloat16: -133}
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "compile: runs torch.compile (deselect with -m 'not compile')")
+    config.addinivalue_line("markers", "slow: the rest of an exhaustive sweep (deselected by default; -m slow)")
+    config.addinivalue_line("markers", "exclusive_gpu: needs the GPU to itself (timings, most of its memory)")
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        # Each xdist worker gets its share of the cores: torch's default (every core, in every
+        # worker) oversubscribes them, and its thread pool then spins waiting for threads that
+        # are not running.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // int(workers)))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,6 +74,40 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        yield  # closing the file releases the lock, also when the process dies
+
+
+@pytest.fixture(autouse=True)
+def gpu_turn(request):
+    """With pytest-xdist on a GPU machine, every test holds the GPU shared and an
+    ``exclusive_gpu`` test holds it alone: one that times kernels would otherwise measure other
+    workers' kernels too (processes take turns on a GPU), and one that fills the GPU's memory
+    would make others fail to allocate. A waiting exclusive test goes first (it holds the
+    turnstile, which every test passes through), so it is not starved by a stream of shared ones.
+    Without xdist or without a GPU this does nothing."""
+    if not HAS_GPU or "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+
+    shared = request.getfixturevalue("tmp_path_factory").getbasetemp().parent  # the run's, not the worker's
+    turnstile, gpu = shared / "gpu.turnstile", shared / "gpu.lock"
+    if "exclusive_gpu" in request.keywords:
+        with _flock(turnstile, fcntl.LOCK_EX), _flock(gpu, fcntl.LOCK_EX):
+            yield
+        return
+    with _flock(turnstile, fcntl.LOCK_EX):
+        pass
+    with _flock(gpu, fcntl.LOCK_SH):
+        yield
 
 
 def shape_params(hidden_sizes, cpu_batches=(1, 3, 64), gpu_batches=(1, 3, 64, 1000, 8192), cpu_cap=1 << 19,
@@ -69,6 +122,26 @@ def shape_params(hidden_sizes, cpu_batches=(1, 3, 64), gpu_batches=(1, 3, 64, 10
                 if b <= 3 or b * h <= cap:
                     params.append(pytest.param(device, b, h, marks=marks, id=f"{device}-{b}x{h}"))
     return params
+
+
+def sweep(*axes, default):
+    """One parametrization over the product of ``axes``, each a list of ``pytest.param`` (its
+    values, marks and id are kept; ids are joined with "-" in axis order). A combination for which
+    ``default(*values)`` is false is marked ``slow``: the default run keeps the combinations that
+    reach distinct code, ``-m slow`` runs the rest of the product (the exhaustive sweep)."""
+    params = []
+    for combo in itertools.product(*axes):
+        values = tuple(v for p in combo for v in p.values)
+        marks = [m for p in combo for m in p.marks]
+        if not default(*values):
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(*values, marks=marks, id="-".join(p.id for p in combo)))
+    return params
+
+
+def axis(values, ids=str) -> list:
+    """Plain values as one-value ``pytest.param`` s for ``sweep``, with ids from ``ids``."""
+    return [pytest.param(v, id=ids(v)) for v in values]
 
 
 def outside_view(view: torch.Tensor) -> torch.Tensor:

@@ -258,6 +258,7 @@ def test_many_short_rows(rng, cols):
 
 
 @pytest.mark.gpu
+@pytest.mark.exclusive_gpu  # tens of GiB: alone on the GPU
 def test_more_than_2_31_elements(rng):
     """Offsets past 2^31 elements (int32 overflow) land in the right rows."""
     if torch.cuda.get_device_properties(0).total_memory < 40 << 30:

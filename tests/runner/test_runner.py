@@ -24,7 +24,9 @@ from opforge.trace import TraceSet, Workload  # noqa: E402
 
 DEF = "mul_h8"
 BATCHES = (4, 32)
-FAST = Settings(iterations=5, warmup=1, max_time_s=0.2, timeout_s=8, cuda_graph=False)
+# timeout_s bounds one request to a started worker (a check of 3 small input sets, a timing of 5
+# calls): 4 s is ample even on a loaded machine, and the hanging adversary waits it out twice.
+FAST = Settings(iterations=5, warmup=1, max_time_s=0.2, timeout_s=4, cuda_graph=False)
 
 
 def make_dataset(root: Path, names=None) -> TraceSet:
@@ -320,15 +322,27 @@ def test_stop_finishes_what_is_in_flight_and_records_nothing_after(tmp_path):
     assert len(rest) == 5
 
 
-def test_stop_with_kill_abandons_a_hanging_call(tmp_path):
+def test_stop_with_kill_abandons_a_hanging_call(tmp_path, monkeypatch):
     import threading
-
-    ts = make_dataset(tmp_path / "ds", names={"hangs"})
-    bench = Benchmark(ts, config(defaults=FAST.model_copy(update={"timeout_s": 300})))
-    timer = threading.Timer(8.0, bench.stop, kwargs={"kill": True})
-    timer.start()
     import time
 
+    # The solution says when its call has started hanging: the stop comes while it is in flight.
+    started = tmp_path / "started"
+    monkeypatch.setenv("OPFORGE_TEST_MARK", str(started))
+    hangs = "import os, time\n\ndef run(x, w):\n    open(os.environ['OPFORGE_TEST_MARK'], 'w').close()\n" \
+            "    while True:\n        time.sleep(0.05)\n"
+    ts = make_dataset(tmp_path / "ds", names=set())
+    ts.add_solution(solution(f"{DEF}_hangs", hangs))
+    bench = Benchmark(ts, config(defaults=FAST.model_copy(update={"timeout_s": 300})))
+
+    def stop_once_in_flight():
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        bench.stop(kill=True)
+
+    threading.Thread(target=stop_once_in_flight, daemon=True).start()
     start = time.monotonic()
     assert bench.run_all() == []  # the killed call is not blamed on the solution
+    assert started.exists()
     assert time.monotonic() - start < 60

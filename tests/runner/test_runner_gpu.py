@@ -22,7 +22,8 @@ from opforge.bench import Benchmark, BenchmarkConfig, Settings  # noqa: E402
 from opforge.bench.timing import time_cuda  # noqa: E402
 from opforge.trace import TraceSet, Workload  # noqa: E402
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason=GPU_SKIP_REASON)]
+# exclusive_gpu: these check device times, which another process's kernels on the GPU would lengthen.
+pytestmark = [pytest.mark.gpu, pytest.mark.exclusive_gpu, pytest.mark.skipif(not HAS_GPU, reason=GPU_SKIP_REASON)]
 
 DEF = "mul_h8"
 

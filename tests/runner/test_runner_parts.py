@@ -1,5 +1,6 @@
 """The runner's parts on their own: messages to workers, settings layers and config files, the
-CPU timer, and how a measurement becomes a Performance (floor, suspect, speedups)."""
+CPU timer and host loop (the benchmark scripts' timer too), and how a measurement becomes a
+Performance (floor, suspect, speedups)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from opforge.bench import BenchmarkConfig, Settings, _wire
 from opforge.bench.performance import performance
-from opforge.bench.timing import time_cpu
+from opforge.bench.timing import host_loop_ms, time_cpu
 from opforge.trace.templates import TEMPLATES
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int32, torch.int64, torch.bool,
@@ -100,6 +101,47 @@ def test_cpu_timer_counts_and_stops_on_budget():
 
     slow = time_cpu(lambda: time.sleep(0.01), [[]], warmup=0, iterations=1000, max_time_s=0.15)
     assert 10 <= slow["iterations"] < 30 and slow["median_ms"] >= 10
+
+
+def test_host_loop_times_back_to_back_calls_with_the_collector_paused():
+    import gc
+    import time
+
+    seen = []
+
+    def call(x):
+        seen.append((x, gc.isenabled()))
+
+    per_call = host_loop_ms(call, (7,), cuda=False, calls=50, repeats=3, warmup=4)
+    assert len(seen) == 4 + 3 * 50 and {x for x, _ in seen} == {7}
+    assert [on for _, on in seen[4:]] == [False] * 150  # paused in the timed loops only
+    assert [on for _, on in seen[:4]] == [gc.isenabled()] * 4 and gc.isenabled()
+    assert 0 < per_call < 1.0
+    # Sized by time: a 1 ms call gets the 100-call minimum; the result is per call.
+    slow = host_loop_ms(lambda: time.sleep(0.001), cuda=False, target_s=0.01, repeats=1, warmup=0)
+    assert 1.0 <= slow < 5.0
+
+
+def test_the_benchmark_scripts_time_with_the_runners_timer(monkeypatch):
+    """bench/timing.py converts units and nothing else: its device time is time_cpu's median (on
+    a CPU), its copy ceiling calibrate_copy's, its host loop host_loop_ms."""
+    import importlib.util
+    from pathlib import Path
+
+    from opforge.bench import timing
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "timing.py"
+    spec = importlib.util.spec_from_file_location("bench_timing", path)
+    scripts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scripts)
+    asked = []
+    monkeypatch.setattr(timing, "time_cpu", lambda call, sets, **kw: asked.append(kw) or {"median_ms": 0.25})
+    monkeypatch.setattr(timing, "calibrate_copy", lambda device: {"gbps": 12.5, "bytes": 1, "median_ms": 1.0})
+    monkeypatch.setattr(timing, "host_loop_ms", lambda call, args, **kw: 0.004)
+    assert scripts.device_time_us(lambda: None, [()], False, target_s=0.3) == 250.0
+    assert asked == [{"warmup": 3, "iterations": 2000, "max_time_s": 0.3, "cuda_graph": False, "host_timing": False}]
+    assert scripts.copy_bandwidth_gbps(False) == 12.5
+    assert scripts.host_loop_us(lambda: None, (), False) == 4.0 == scripts.cpu_call_overhead_us(lambda: None)
 
 
 def _performance(latency_ms, reference_ms=2.0, baseline_ms=None):

@@ -245,7 +245,7 @@ def test_a_killed_runner_leaves_no_process_and_no_shared_memory_behind(tmp_path)
     started = [int(p.name.split("-")[1]) for p in pids.iterdir()]
     assert len(started) == 3  # the worker, a process in a new session, a daemon
     spill = list(Path("/dev/shm").glob(f"opforge-run-{runner.pid}-*"))
-    ours = [pid for pid in _with_argument(f"opforge-run-{runner.pid}-")]  # supervisors, workers, a spare
+    ours = [pid for pid in _with_argument(f"opforge-run-{runner.pid}-")]  # supervisors and workers
     assert len(ours) >= 4
     runner.send_signal(signal.SIGKILL)
     runner.wait()
@@ -254,6 +254,26 @@ def test_a_killed_runner_leaves_no_process_and_no_shared_memory_behind(tmp_path)
     while any(p.exists() for p in spill) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(p.exists() for p in spill)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
+def test_only_the_worker_of_a_worker_start_loads_torch(tmp_path):
+    """Every worker start costs its supervisor's processes too: one that imported opforge (and
+    with it torch) would add a second or two of CPU to each, for a process that only watches."""
+    from opforge.bench.process import WorkerProcess
+    from opforge.bench.supervisor import descendants_of
+
+    worker = WorkerProcess("cpu", tmp_path)
+    try:
+        worker.request({"op": "hello"}, timeout=60)
+        tree = [worker._proc.pid, *descendants_of(worker._proc.pid)]
+        maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in tree}
+        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in tree}
+    finally:
+        worker.stop()
+    with_torch = [pid for pid in tree if "libtorch" in maps[pid]]
+    assert len(tree) >= 2 and len(with_torch) == 1, commands
+    assert b"opforge.bench.worker" in commands[with_torch[0]]
 
 
 def test_a_module_that_fails_or_hangs_at_import_is_one_line_and_bounded(tmp_path):

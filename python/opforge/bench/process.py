@@ -15,12 +15,17 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Optional
 
-from . import _wire
+from . import _wire, supervisor
 from .supervisor import kill_tree
 
 #: Seconds a new worker may take to import torch and opforge and answer its first request.
 START_TIMEOUT_S = 120.0
 LOG_TAIL_CHARS = 4000
+#: The supervisor runs as a plain script in isolated mode (-I: neither its folder nor the user's
+#: site on sys.path), not with ``-m opforge.bench.supervisor``: importing it through the package
+#: would import opforge and torch (a second or two of CPU per worker start) for a process that
+#: needs only the standard library.
+_SUPERVISOR_SCRIPT = str(Path(supervisor.__file__).resolve())
 
 
 class WorkerFailure(Exception):
@@ -80,7 +85,7 @@ class WorkerProcess:
         spill = str(self.spill or "")
         with open(self._log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "opforge.bench.supervisor", str(lifeline_read), spill, "--",
+                [sys.executable, "-I", _SUPERVISOR_SCRIPT, str(lifeline_read), spill, "--",
                  sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device, spill],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(theirs.fileno(), lifeline_read), env=env, start_new_session=True)

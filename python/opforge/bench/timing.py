@@ -33,8 +33,15 @@ L2 warm).
 
 CPU (``time_cpu``): the host clock around each call, input sets rotating.
 
+Host loop (``host_loop_ms``): back-to-back calls, then one synchronize; wall time per call. That
+is what an eager serving loop pays per op when the host is the bottleneck (``host_ms`` above is
+one call's cost with the device idle, which sizes the spin lead).
+
 ``calibrate_copy`` measures the copy bandwidth of a device (read + write), the 100% against
 which achieved GB/s are given.
+
+This is the one timer: the runner's workers and the benchmark scripts in bench/ (through
+bench/timing.py, which only converts units) both measure with it.
 """
 
 from __future__ import annotations
@@ -130,6 +137,42 @@ def _host_ms(call: Callable, arg_sets: list, cuda: bool, k: int = 10) -> float:
         samples.append((time.perf_counter() - t0) * 1e3)
     if cuda:
         torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def host_loop_ms(call: Callable, args=(), *, cuda: bool, calls: Optional[int] = None, target_s: float = 0.005,
+                 repeats: int = 9, warmup: int = 20) -> float:
+    """Host ms per call of ``calls`` back-to-back ``call(*args)``, then one device synchronize
+    (median of ``repeats`` loops; ``calls=None`` sizes each loop to about ``target_s``, at least
+    100 calls: long enough that the closing synchronize is a small share, short enough that a
+    loop the OS interrupted is an outlier the median drops). Python's garbage collector is paused
+    during each loop.
+
+    The loop times exactly what ``call`` does: bind the arguments once (``functools.partial``)
+    instead of timing a wrapper that rebuilds them on every call, or the wrapper's own cost (an
+    import, a keyword dict, a tuple of positional arguments per call) is reported as the op's."""
+    for _ in range(warmup):
+        call(*args)
+    if cuda:
+        torch.cuda.synchronize()
+    if calls is None:
+        probe = 10
+        t0 = time.perf_counter()
+        for _ in range(probe):
+            call(*args)
+        if cuda:
+            torch.cuda.synchronize()
+        per_call = max((time.perf_counter() - t0) / probe, 1e-7)
+        calls = int(min(max(target_s / per_call, 100), 100_000))
+    samples = []
+    for _ in range(repeats):
+        with _no_gc():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call(*args)
+            if cuda:
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) * 1e3 / calls)
     return statistics.median(samples)
 
 
