@@ -220,3 +220,23 @@ def test_latency_plot_has_the_reference_line(trace_set):  # noqa: F811 (a fixtur
     assert series.name == REF
     assert sorted((p.x, round(p.y, 6)) for p in series.points) == [(1.0, 10.0), (16.0, 20.0), (256.0, 80.0),
                                                                       (4096.0, 1000.0)]
+
+
+def test_each_gpu_model_gets_its_own_section(trace_set):
+    """A dataset measured on two GPU models: each model's traces are a section of their own,
+    linked from the navigation and from their summary rows."""
+    from report_data import passed
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    trace_set.add_trace(passed(FAST, 16, 0.012, timestamp="2026-04-01T00:00:00Z", hardware=h100))
+    page = parse(render_html(trace_set))
+    sections = page.find_all("section", "definition")
+    assert [s.find("h2").text for s in sections] == [f"{DEF} on NVIDIA H200", f"{DEF} on {h100}"]
+    ids = ["#" + s.attrs["id"] for s in sections]
+    assert len(set(ids)) == 2 and [a.attrs["href"] for a in page.find("nav").find_all("a")] == ids
+    fast = [row for row in table_rows(page.find("table", "summary")) if row[2].text == FAST]
+    assert [(row[0].find("a").attrs["href"], row[-1].text) for row in fast] == \
+        [(ids[0], "NVIDIA H200"), (ids[1], h100)]
+    # The H100 section holds only what was measured there: one workload, FAST's 12 µs.
+    (matrix,) = sections[1].find_all("table", "status-matrix")
+    assert "12.00 µs" in matrix.text and "20.00 µs" not in matrix.text

@@ -69,7 +69,9 @@ def test_summary_counts_failures_by_status(trace_set):
     assert rows[EVIL].statuses == {"PASSED": 1, "RUNTIME_ERROR": 1}
     assert rows[EVIL].not_run == ["batch=256", "batch=4096", f"batch={UNTRACED}"] and rows[EVIL].failed == 1
     unused = rows[UNUSED]
-    assert (unused.workloads, unused.passed, unused.failed, unused.statuses, unused.hardware) == (5, 0, 0, {}, [])
+    # A row is about one GPU model, run there or not.
+    assert (unused.workloads, unused.passed, unused.failed, unused.statuses, unused.hardware) == \
+        (5, 0, 0, {}, ["NVIDIA H200"])
     assert len(unused.not_run) == 5
 
 
@@ -162,12 +164,26 @@ def test_terminal_tables_print_names_as_written(trace_set):
     assert "workloads) on NVIDIA H200" in text and "hardware" not in text  # one machine: named in the title
 
 
-def test_terminal_summary_has_a_hardware_column_for_several_machines(trace_set):
+def test_several_gpu_models_are_reported_one_table_each(trace_set):
+    """A dataset measured on two GPU models (a cluster run measures every pair on each): each
+    model's latest traces are its own rows, in a table of their own; neither hides the other."""
     trace_set.add_trace(passed(FAST, 16, 0.012, timestamp="2026-04-01T00:00:00Z", hardware="NVIDIA H100 80GB HBM3"))
+    rows = summarize(trace_set)
+    fast = [r for r in rows if r.solution == FAST]
+    assert [(r.hardware, r.passed) for r in fast] == [(["NVIDIA H200"], 4), (["NVIDIA H100 80GB HBM3"], 1)]
+    assert fast[1].median_latency_ms == pytest.approx(0.012)  # its own number, not H200's
     console = Console(record=True, width=300, color_system=None)
-    print_summary(summarize(trace_set), console=console)
+    print_summary(rows, console=console)
+    print_best(best(trace_set), console=console)
     text = console.export_text()
-    assert "hardware" in text and "NVIDIA H100 80GB HBM3, NVIDIA H200" in text
+    assert "workloads) on NVIDIA H200" in text and "workloads) on NVIDIA H100 80GB HBM3" in text
+    assert "per workload (suspect timings left out) on NVIDIA H100 80GB HBM3" in text
+    h100_summary = text[text.index("workloads) on NVIDIA H100"):].split("Fastest", 1)[0]
+    assert "12.00" in h100_summary and "20.00" not in h100_summary  # FAST's H100 median; H200's is 20 µs
+    h100_best = text[text.index("left out) on NVIDIA H100"):].split("Best overall", 1)[0]
+    winners = [(row.split("│")[2].strip(), row.split("│")[3].strip()) for row in h100_best.splitlines()
+               if row.startswith("│")]
+    assert winners == [("batch=16", FAST)]  # the one workload measured there, against nothing from H200
 
 
 def test_rows_as_json(trace_set):

@@ -3,6 +3,7 @@
     opforge run                                   # the built-in dataset, into ./opforge-runs/builtin
     opforge run --dataset my_dataset --definitions rmsnorm_h4096 --devices cuda:0 cuda:1
     opforge run --module my_kernels.py --solutions my_rmsnorm --resume
+    opforge run --dataset my_dataset --ray auto   # every GPU of the Ray cluster this machine is in
 
 Results go to the dataset's traces/ (``--output DIR`` to write a copy of the dataset elsewhere;
 the built-in dataset always goes to a copy, by default ./opforge-runs/builtin). Settings come
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-elements", type=int, help="skip workloads with a larger tensor")
     parser.add_argument("--no-reference-timing", action="store_true", help="do not time the reference")
     parser.add_argument("--log-dir", help="worker logs (default: DATASET/logs)")
+    from .cluster import cli as cluster_cli
+
+    cluster_cli.add_arguments(parser)
     group = parser.add_argument_group("settings (override the config file)")
     group.add_argument("--iterations", type=int)
     group.add_argument("--warmup", type=int)
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..report.console import print_tables
     from . import display
+    from .cluster import cli as cluster_cli
     from .runner import Benchmark
 
     try:
@@ -109,8 +114,12 @@ def run(args: argparse.Namespace) -> int:
     trace_set = open_dataset(args)
     console = Console()
     where = trace_set.single_file or trace_set.root
+    try:
+        bench = Benchmark(trace_set, config) if args.ray is None else cluster_cli.benchmark(args, trace_set, config, console)
+    except ValueError as exc:
+        raise SystemExit(f"opforge run: {exc}") from None
     progress = display.RunProgress(console)
-    bench = Benchmark(trace_set, config, on_start=progress.start, on_result=progress.finished)
+    bench.on_start, bench.on_result = progress.start, progress.finished
     try:
         bench.run_all()
     except ValueError as exc:
@@ -118,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         progress.stop()
         console.print(f"interrupted: {len(bench.result.traces)} traces recorded in {where}; "
-                      "`opforge run --resume` with the same options goes on from there", soft_wrap=True)
+                      + ("every device worker of the cluster was stopped; " if args.ray is not None else "")
+                      + "`opforge run --resume` with the same options goes on from there", soft_wrap=True)
         return 130
     finally:
         progress.stop()
@@ -134,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(tail, highlight=False, soft_wrap=True)
     failed = [t for t in bench.result.traces if not t.is_successful()]
     suspect = [t for t in bench.result.traces if t.is_successful() and t.evaluation.performance.suspect]
+    if args.ray is not None:
+        for line in cluster_cli.closing_lines(bench):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"{len(bench.result.traces) - len(failed)} passed, {len(failed)} failed, "
                   f"{len(bench.result.skipped)} skipped, {len(suspect)} suspect timings; seed {bench.seed}; "
                   f"traces in {where}", soft_wrap=True, highlight=False)

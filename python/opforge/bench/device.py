@@ -82,14 +82,16 @@ class Device:
     and loaded in each.
 
     Solutions that need no isolation from each other (``trusted``: the Definitions' references,
-    whose code this process runs itself) share one worker for the whole run. A blank worker is
-    kept started ahead of need (torch imported, the device set up, no solution code), so a
-    solution rarely waits for a process to start.
+    whose code this process runs itself) share one worker for the whole run. On a GPU a blank
+    worker is kept started ahead of need (torch imported, the device set up, no solution code),
+    so a solution rarely waits for a process to start. Not on the CPU: starting one there (a
+    second or so of a core) would compete with the solution being timed on the same cores.
     """
 
     def __init__(self, device: str, modules_of: dict[str, list[str]], log_dir: Path, spill: Optional[Path],
-                 isolate: bool = False):
+                 isolate: bool = False, label: Optional[str] = None):
         self.device = device
+        self.label = label or device  # what the Traces call it (a cluster's GPU: its index on its node)
         self.modules_of = modules_of  # solution name -> the modules that register it
         self.log_dir, self.spill, self.isolate = log_dir, spill, isolate
         self.environment: Optional[Environment] = None
@@ -115,8 +117,12 @@ class Device:
                              + (f"\n--- its output (last lines; all in {worker.log_path}) ---\n{tail}" if tail else "")) from None
         if "error" in reply:
             raise SetupError(f"the worker on {self.device} failed before any solution ran: {reply['error']}")
-        self.environment = Environment(**reply["environment"])
         self.calibration = reply["calibration"]
+        environment = reply["environment"]
+        # Every Trace says what its device's copy bandwidth measured in this run, failures too.
+        environment["hardware_info"] = dict(environment.get("hardware_info") or {},
+                                            copy_gbps=round(self.calibration["gbps"], 1))
+        self.environment = Environment(**environment)
 
     def _key(self, solution: str) -> str:
         return "" if solution in self.trusted else solution
@@ -125,8 +131,10 @@ class Device:
         key = self._key(solution)
         if key not in self.workers:
             self.workers[key] = self._spare if self._spare is not None else self._new_worker()
-            self._spare = self._new_worker()
-            self._spare.start()  # it gets ready while this one works
+            self._spare = None
+            if self.device != "cpu":
+                self._spare = self._new_worker()
+                self._spare.start()  # it gets ready while this one works
         return self.workers[key]
 
     def request(self, solution: str, message: dict, timeout: float) -> dict:

@@ -3,7 +3,11 @@
     python -m opforge.bench.supervisor LIFELINE_FD SPILL_DIR -- WORKER COMMAND...
 
 Started by the runner (process.py) between itself and a worker; it runs no solution code and
-imports nothing but the standard library. It makes itself a child subreaper (Linux), so every
+imports nothing but the standard library. It forks first: the process the runner started only
+relays the runner's SIGTERM and leaves with the supervisor's status, so that the supervisor
+itself is not the runner's child. Whoever kills the runner's children with it (Ray does, when a
+device worker of a cluster run dies) then kills the relay, and the supervisor still sees its
+lifeline close and does its work. The supervisor makes itself a child subreaper (Linux), so every
 process the worker's solutions start, even in a new session or after a double fork, stays in its
 tree when its parent dies. When the worker ends (exit, crash, a kill), or the runner asks
 (SIGTERM), or the runner dies (the lifeline pipe, whose write end only the runner holds, reads
@@ -119,20 +123,50 @@ class _Stop(Exception):
     pass
 
 
+def _leave_like(code: int) -> int:
+    """Exit status ``code``; a negative one is death by that signal, passed on as such."""
+    if code < 0:
+        sys.stdout.flush()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+def _relay(supervisor: int, fds: list[int]) -> int:
+    """The half the runner started (see the module doc): it holds none of the supervisor's
+    descriptors, passes a SIGTERM on, and leaves as the supervisor left."""
+    for fd in fds:
+        os.close(fd)
+
+    def pass_on(signum, frame):
+        try:
+            os.kill(supervisor, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, pass_on)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    _, status = os.waitpid(supervisor, 0)  # retried after the handler runs (PEP 475)
+    return _leave_like(os.waitstatus_to_exitcode(status))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     lifeline, spill = int(argv[0]), argv[1]
     command = argv[argv.index("--") + 1:]
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing worker leaves no core file behind
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # held until each half can take it
+    keep = [int(fd) for fd in os.environ.pop("OPFORGE_WORKER_FDS", "").split(",") if fd]
+    supervisor = os.fork()
+    if supervisor:
+        return _relay(supervisor, [lifeline, *keep])
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
     def stop(signum, frame):
         raise _Stop()
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # held until the wait below
     signal.signal(signal.SIGTERM, stop)
-    keep = [int(fd) for fd in os.environ.pop("OPFORGE_WORKER_FDS", "").split(",") if fd]
     children = _Children(subprocess.Popen(command, pass_fds=keep, stdin=subprocess.DEVNULL, preexec_fn=lambda: (
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))).pid)
     for fd in keep:
@@ -158,11 +192,7 @@ def main(argv=None) -> int:
     code = -signal.SIGKILL if children.code is None else children.code
     if runner_gone and spill:
         shutil.rmtree(spill, ignore_errors=True)
-    if code < 0:
-        sys.stdout.flush()
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code
+    return _leave_like(code)
 
 
 if __name__ == "__main__":

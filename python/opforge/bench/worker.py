@@ -56,7 +56,7 @@ def environment(device: torch.device) -> dict:
         hardware_info.update(sm_count=props.multi_processor_count, compute_capability=f"{props.major}.{props.minor}",
                              memory_gib=round(props.total_memory / 2**30, 1),
                              l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
-        hardware_info.update(_clocks(device.index or 0))
+        hardware_info.update(_clocks(_physical_index(device.index or 0)))
     else:
         hardware = cpu_name()
         hardware_info["threads"] = torch.get_num_threads()
@@ -72,6 +72,15 @@ def _driver_version() -> str:
         return f"{version.value // 1000}.{version.value % 1000 // 10}"
     except Exception:
         return ""
+
+
+def _physical_index(index: int) -> int:
+    """nvidia-smi's index of the GPU torch calls cuda:``index`` (they differ under
+    CUDA_VISIBLE_DEVICES, which a cluster sets for each of its GPU workers)."""
+    import os
+
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return int(visible[index]) if index < len(visible) and visible[index].isdigit() else index
 
 
 def _clocks(index: int) -> dict:

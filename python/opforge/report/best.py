@@ -31,11 +31,13 @@ class BestRow:
     an overall row, of its mean latency ratio). ``spread`` and ``max_over_median``: how noisy
     the winner's timing was (see stats.spread; per workload only). ``baseline_ratios`` and
     ``baseline_earlier``: as in SummaryRow. ``suspect``: solutions left out because their
-    timing was suspect. ``note``: why there is no winner, or what the overall mean left out."""
+    timing was suspect. ``note``: why there is no winner, or what the overall mean left out.
+    ``hardware``: where the compared traces were measured (one GPU model per row)."""
 
     definition: str
     workload: str
     overall: bool = False
+    hardware: str = ""
     uuid: Optional[str] = None
     axes: dict = field(default_factory=dict)
     solution: Optional[str] = None
@@ -76,7 +78,7 @@ def _workload_row(view: DefinitionView, workload: WorkloadInfo) -> BestRow:
     # sorted() is stable, so equal latencies keep the report's solution order.
     ranked = sorted((t for t in traces if believable(t)), key=lambda t: t.evaluation.performance.latency_ms)
     row = BestRow(view.name, workload.label, uuid=workload.uuid, axes=dict(workload.axes), suspect=suspect,
-                  candidates=len(ranked))
+                  candidates=len(ranked), hardware=view.hardware)
     if not ranked:
         row.note = ("only suspect timings" if suspect else "no solution passed")
         return row
@@ -98,7 +100,7 @@ def _workload_row(view: DefinitionView, workload: WorkloadInfo) -> BestRow:
 
 
 def _overall_row(view: DefinitionView) -> BestRow:
-    row = BestRow(view.name, OVERALL, overall=True)
+    row = BestRow(view.name, OVERALL, overall=True, hardware=view.hardware)
     uuids = [w.uuid for w in view.workloads]
     eligible = [s.name for s in view.solutions
                 if all((t := view.trace(s.name, u)) is not None and passed(t) for u in uuids)]

@@ -60,51 +60,66 @@ def print_tables(console: Optional[Console], tables: Sequence[Table]) -> None:
         console.print(table)
 
 
-def print_summary(rows: Sequence[SummaryRow], console: Optional[Console] = None) -> None:
-    hardware = sorted({h for r in rows for h in r.hardware})
-    # One machine (the usual case) goes in the title rather than in a column of its own.
-    per_row = len(hardware) > 1
-    title = "Summary (medians and geomeans over passed, non-suspect workloads)"
-    if len(hardware) == 1:
-        title += f" on {hardware[0]}"
-    table = _table(title, ("definition", "dtype", "solution", "lang", "#passed", "failures", "#not run", "#latency µs",
-                           "#GB/s", "#% peak", "#vs ref", "#vs baseline", "#suspect") + (("hardware",) if per_row else ()))
+def _by_hardware(rows, hardware_of) -> dict[str, list]:
+    """The rows of each hardware, in the order each first appears (one table per GPU model:
+    numbers measured on different models are not compared in one table)."""
+    groups: dict[str, list] = {}
     for r in rows:
-        ok = "green" if r.workloads and r.passed == r.workloads else "red" if r.failed else "yellow"
-        table.add_row(_text(r.definition), _text(r.dtype), _text(r.solution, "bold"), _text(r.language),
-                      _text(f"{r.passed}/{r.workloads}", ok),
-                      _text(fmt.failures(r.statuses), "red" if r.failed else ""),
-                      _text(len(r.not_run) or "", "yellow"),
-                      _text(fmt.us(r.median_latency_ms)), _text(fmt.gbps(r.median_gbps)),
-                      _text(fmt.pct(r.median_percent_of_peak)), _text(fmt.times(r.speedup_vs_reference)),
-                      _vs_baseline(r), _text(r.suspect or "", "yellow" if r.suspect else ""),
-                      *((_text(", ".join(r.hardware)),) if per_row else ()))
-    _caption(table, rows, mean=True)
-    print_tables(console, [table])
+        groups.setdefault(hardware_of(r), []).append(r)
+    return groups
+
+
+def _on(title: str, hardware: str) -> str:
+    return f"{title} on {hardware}" if hardware else title
+
+
+def print_summary(rows: Sequence[SummaryRow], console: Optional[Console] = None) -> None:
+    tables = []
+    for hardware, group in _by_hardware(rows, lambda r: ", ".join(r.hardware)).items():
+        table = _table(_on("Summary (medians and geomeans over passed, non-suspect workloads)", hardware),
+                       ("definition", "dtype", "solution", "lang", "#passed", "failures", "#not run", "#latency µs",
+                        "#GB/s", "#% peak", "#vs ref", "#vs baseline", "#suspect"))
+        for r in group:
+            ok = "green" if r.workloads and r.passed == r.workloads else "red" if r.failed else "yellow"
+            table.add_row(_text(r.definition), _text(r.dtype), _text(r.solution, "bold"), _text(r.language),
+                          _text(f"{r.passed}/{r.workloads}", ok),
+                          _text(fmt.failures(r.statuses), "red" if r.failed else ""),
+                          _text(len(r.not_run) or "", "yellow"),
+                          _text(fmt.us(r.median_latency_ms)), _text(fmt.gbps(r.median_gbps)),
+                          _text(fmt.pct(r.median_percent_of_peak)), _text(fmt.times(r.speedup_vs_reference)),
+                          _vs_baseline(r), _text(r.suspect or "", "yellow" if r.suspect else ""))
+        _caption(table, group, mean=True)
+        tables.append(table)
+    print_tables(console, tables)
 
 
 def print_best(rows: Sequence[BestRow], console: Optional[Console] = None) -> None:
-    per_workload = _table("Fastest passing solution per workload (suspect timings left out)",
-                          ("definition", "workload", "best", "#latency µs", "#spread p90/p10", "#GB/s", "#% peak",
-                           "#vs baseline", "#vs ref", "runner-up", "#margin", "note"))
-    overall = _table("Best overall (geomean of latency / fastest, among solutions passing every workload)",
-                     ("definition", "best", "#latency ratio", "#vs baseline", "#vs ref", "runner-up", "#margin",
-                      "note"))
-    for r in rows:
-        note = r.note
-        if r.suspect and not r.overall:
-            note = "; ".join(filter(None, [note, "suspect: " + ", ".join(r.suspect)]))
-        if r.overall:
-            overall.add_row(_text(r.definition), _text(r.solution or fmt.NONE, "bold green"),
-                            _text(fmt.times(r.latency_ratio)), _vs_baseline(r),
-                            _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
-                            _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
-        else:
-            per_workload.add_row(_text(r.definition), _text(r.workload), _text(r.solution or fmt.NONE, "bold green"),
-                                 _text(fmt.us(r.latency_ms)), _text(fmt.times(r.spread)), _text(fmt.gbps(r.gbps)),
-                                 _text(fmt.pct(r.percent_of_peak)), _vs_baseline(r),
-                                 _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
-                                 _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
-    _caption(per_workload, [r for r in rows if not r.overall], mean=False)
-    _caption(overall, [r for r in rows if r.overall], mean=True)
-    print_tables(console, [per_workload, overall])
+    tables = []
+    for hardware, group in _by_hardware(rows, lambda r: r.hardware).items():
+        per_workload = _table(_on("Fastest passing solution per workload (suspect timings left out)", hardware),
+                              ("definition", "workload", "best", "#latency µs", "#spread p90/p10", "#GB/s", "#% peak",
+                               "#vs baseline", "#vs ref", "runner-up", "#margin", "note"))
+        overall = _table(_on("Best overall (geomean of latency / fastest, among solutions passing every workload)",
+                             hardware),
+                         ("definition", "best", "#latency ratio", "#vs baseline", "#vs ref", "runner-up", "#margin",
+                          "note"))
+        for r in group:
+            note = r.note
+            if r.suspect and not r.overall:
+                note = "; ".join(filter(None, [note, "suspect: " + ", ".join(r.suspect)]))
+            if r.overall:
+                overall.add_row(_text(r.definition), _text(r.solution or fmt.NONE, "bold green"),
+                                _text(fmt.times(r.latency_ratio)), _vs_baseline(r),
+                                _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
+                                _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
+            else:
+                per_workload.add_row(_text(r.definition), _text(r.workload),
+                                     _text(r.solution or fmt.NONE, "bold green"), _text(fmt.us(r.latency_ms)),
+                                     _text(fmt.times(r.spread)), _text(fmt.gbps(r.gbps)),
+                                     _text(fmt.pct(r.percent_of_peak)), _vs_baseline(r),
+                                     _text(fmt.times(r.speedup_vs_reference)), _text(r.runner_up or fmt.NONE),
+                                     _text(fmt.margin(r.margin_pct)), _text(note, "yellow"))
+        _caption(per_workload, [r for r in group if not r.overall], mean=False)
+        _caption(overall, [r for r in group if r.overall], mean=True)
+        tables += [per_workload, overall]
+    print_tables(console, tables)

@@ -71,7 +71,9 @@ def _header(trace_set: TraceSet, views: list[DefinitionView], title: str, idle: 
         items.append(("dataset", str(trace_set.root)))
     items.append(("generated", _fmt_time(datetime.now(timezone.utc))))
     meta = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in items)
-    nav = " ".join(f'<a href="#{_e(_anchor(i, v.name))}">{_e(v.name)}</a>' for i, v in enumerate(views))
+    several = len({v.hardware for v in views}) > 1  # then every definition is shown once per GPU model
+    nav = " ".join(f'<a href="#{_e(_anchor(i, v.name))}">{_e(v.name)}{_e(f" ({v.hardware})" if several else "")}</a>'
+                   for i, v in enumerate(views))
     return (f'<header><h1>{_e(title)}</h1><dl class="meta">{meta}</dl></header>'
             f'<nav><p class="muted">Definitions: {nav or fmt.NONE}</p></nav>')
 
@@ -132,7 +134,7 @@ def _spread_detail(spread_x: Optional[float], tail: Optional[float]) -> str:
 # --- summary -------------------------------------------------------------------------------
 
 
-def _summary_table(rows: list[SummaryRow], anchors: dict[str, str]) -> str:
+def _summary_table(rows: list[SummaryRow], anchors: dict[tuple[str, str], str]) -> str:
     several = len({h for r in rows for h in r.hardware}) > 1  # one machine is in the header
     head = ("definition", "dtype", "solution", "author", "language", "passed", "failures", "not run",
             "median latency (µs)", "median GB/s", "median % of peak", "vs reference (geomean)",
@@ -146,7 +148,7 @@ def _summary_table(rows: list[SummaryRow], anchors: dict[str, str]) -> str:
         hardware = f"<td>{_e(', '.join(r.hardware))}</td>" if several else ""
         body.append(
             "<tr>"
-            f'<td class="name"><a href="#{_e(anchors[r.definition])}">{_e(r.definition)}</a></td>'
+            f'<td class="name"><a href="#{_e(anchors[(r.definition, ", ".join(r.hardware))])}">{_e(r.definition)}</a></td>'
             f'<td class="dtype">{_e(r.dtype)}</td>'
             f'<td class="name"><b>{_e(r.solution)}</b></td><td>{_e(r.author)}</td><td>{_e(r.language)}</td>'
             f'<td class="n">{r.passed}/{r.workloads}</td><td>{_e(fmt.failures(r.statuses))}</td>{not_run}'
@@ -281,14 +283,15 @@ def _overall(r: BestRow) -> str:
 # --- page ----------------------------------------------------------------------------------
 
 
-def _definition_section(view: DefinitionView, anchor: str) -> str:
+def _definition_section(view: DefinitionView, anchor: str, several: bool) -> str:
     d = view.definition
     consts = ", ".join(f"{k}={v}" for k, v in d.const_axes.items())
     rows = best_of(view)
     # A star among one candidate says nothing.
     winners = {r.uuid: r.solution for r in rows if not r.overall and r.solution and r.candidates > 1}
     about = f"op type {d.op_type}; dtype {fmt.dtype_label(d)}" + (f"; constant axes {consts}" if consts else "")
-    return (f'<section class="definition" id="{_e(anchor)}"><h2>{_e(d.name)}</h2>'
+    on = f' <span class="muted">on {_e(view.hardware)}</span>' if several else ""
+    return (f'<section class="definition" id="{_e(anchor)}"><h2>{_e(d.name)}{on}</h2>'
             f'<p class="muted" title="{_e(fmt.dtype_detail(d))}">{_e(about)}</p>'
             f"{plots(view)}{_status_matrix(view, winners)}{_best_table(rows)}</section>")
 
@@ -299,9 +302,10 @@ def render_html(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None
     """The report as HTML text (see write_html)."""
     views = collect(trace_set, definitions, solutions, hardware)
     idle = untraced_definitions(trace_set, views, definitions, solutions)
-    anchors = {v.name: _anchor(i, v.name) for i, v in enumerate(views)}
+    anchors = {(v.name, v.hardware): _anchor(i, v.name) for i, v in enumerate(views)}
     summary = [row for v in views for row in summary_rows(v)]
-    sections = "".join(_definition_section(v, anchors[v.name]) for v in views)
+    several = len({v.hardware for v in views}) > 1
+    sections = "".join(_definition_section(v, anchors[(v.name, v.hardware)], several) for v in views)
     if not views:
         sections = '<p class="muted">No evaluated traces match.</p>'
     return ("<!DOCTYPE html>\n"

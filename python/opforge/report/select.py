@@ -1,7 +1,10 @@
 """Which traces a report counts, and how workloads are named and ordered.
 
 A dataset keeps every run, so a (definition, workload, solution) can have several traces; the
-report counts only the latest (by timestamp; on equal timestamps the one added last). Workloads
+report counts only the latest on each hardware (by timestamp; on equal timestamps the one added
+last): numbers measured on different GPU models are not one result, so a dataset measured on
+several (a cluster run measures every pair on each of its models) is reported per model, the
+views of one model together. Workloads
 are labelled and ordered by their variable axes ("batch_size=64"). A workload of the dataset
 that a solution has no counted trace for was not run for it: the runner writes no trace for
 what it skips (too large for --max-elements, unsupported by the solution, inputs missing), and
@@ -44,15 +47,15 @@ def _hardware_matches(trace: Trace, hardware: Optional[str]) -> bool:
 
 
 def latest_traces(trace_set: TraceSet, *, hardware: Optional[str] = None) -> list[Trace]:
-    """The latest evaluated trace per (definition, workload uuid, solution), in the order each
-    key first appears in ``trace_set.traces``. ``hardware`` keeps only traces whose
-    environment.hardware contains it (case-insensitive), before picking the latest."""
+    """The latest evaluated trace per (definition, workload uuid, solution, hardware), in the
+    order each key first appears in ``trace_set.traces``. ``hardware`` keeps only traces whose
+    environment.hardware contains it (case-insensitive)."""
     latest: dict[tuple, Trace] = {}
     for definition, traces in trace_set.traces.items():
         for trace in traces:
             if trace.evaluation is None or not _hardware_matches(trace, hardware):
                 continue
-            key = (definition, trace.workload.uuid, trace.solution)
+            key = (definition, trace.workload.uuid, trace.solution, trace.evaluation.environment.hardware)
             kept = latest.get(key)
             # ">=" lets a later trace with the same timestamp replace an earlier one.
             if kept is None or _timestamp_key(trace) >= _timestamp_key(kept):
@@ -95,15 +98,16 @@ class WorkloadInfo:
 
 @dataclass
 class DefinitionView:
-    """The counted traces of one Definition, arranged as solutions x workloads. ``workloads``
-    have at least one counted trace; ``untraced`` are the Definition's other workloads in the
-    dataset, which no selected solution has a counted trace for."""
+    """The counted traces of one Definition on one hardware, arranged as solutions x workloads.
+    ``workloads`` have at least one counted trace; ``untraced`` are the Definition's other
+    workloads in the dataset, which no selected solution has a counted trace for there."""
 
     definition: Definition
     workloads: list[WorkloadInfo]
     solutions: list[Solution]
     cells: dict[tuple[str, str], Trace] = field(default_factory=dict)  # (solution, uuid) -> trace
     untraced: list[WorkloadInfo] = field(default_factory=list)
+    hardware: str = ""
 
     @property
     def name(self) -> str:
@@ -153,19 +157,25 @@ def _wanted(trace_set: TraceSet, definitions, solutions) -> tuple[Optional[set[s
 
 def collect(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
             solutions: Optional[Iterable[str]] = None, hardware: Optional[str] = None) -> list[DefinitionView]:
-    """The latest traces, filtered and arranged per Definition. Definitions without any
-    counted trace are left out; solutions of a kept Definition are kept even untraced.
-    ``definitions`` and ``solutions`` are names or glob patterns (ValueError when one matches
-    nothing); ``hardware`` is a case-insensitive substring of the trace's hardware name."""
+    """The latest traces, filtered and arranged per hardware (in the order each first appears)
+    and, within it, per Definition. Definitions without any counted trace on a hardware are
+    left out there; solutions of a kept Definition are kept even untraced. ``definitions`` and
+    ``solutions`` are names or glob patterns (ValueError when one matches nothing);
+    ``hardware`` is a case-insensitive substring of the trace's hardware name."""
     wanted_defs, wanted_sols = _wanted(trace_set, definitions, solutions)
-    by_definition: dict[str, list[Trace]] = {}
+    by_hardware: dict[str, dict[str, list[Trace]]] = {}
     for trace in latest_traces(trace_set, hardware=hardware):
         if wanted_defs is not None and trace.definition not in wanted_defs:
             continue
         if wanted_sols is not None and trace.solution not in wanted_sols:
             continue
-        by_definition.setdefault(trace.definition, []).append(trace)
+        group = by_hardware.setdefault(trace.evaluation.environment.hardware, {})
+        group.setdefault(trace.definition, []).append(trace)
+    return [view for machine, by_definition in by_hardware.items()
+            for view in _views(trace_set, machine, by_definition, wanted_sols)]
 
+
+def _views(trace_set: TraceSet, machine: str, by_definition: dict, wanted_sols) -> list[DefinitionView]:
     views = []
     for name, definition in trace_set.definitions.items():
         traces = by_definition.get(name)
@@ -180,7 +190,7 @@ def collect(trace_set: TraceSet, definitions: Optional[Iterable[str]] = None,
         _unique_labels(definition, ordered)
         sols = [s for s in trace_set.solutions.get(name, []) if wanted_sols is None or s.name in wanted_sols]
         view = DefinitionView(definition, [w for w in ordered if w.uuid in traced], _solution_order(name, sols),
-                              untraced=[w for w in ordered if w.uuid not in traced])
+                              untraced=[w for w in ordered if w.uuid not in traced], hardware=machine)
         for t in traces:
             view.cells[(t.solution, t.workload.uuid)] = t
         views.append(view)

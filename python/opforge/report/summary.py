@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from ..trace import EvaluationStatus, TraceSet
+from ..trace.own_op import language_label
 from .fmt import dtype_label
 from .select import DefinitionView, collect
 from .stats import baseline_mean, believable, geomean, median, passed, speedup_vs_reference
@@ -23,7 +24,8 @@ class SummaryRow:
     timed in an earlier run, that run (see stats.earlier_baseline). ``workloads`` counts every
     workload of the definition in the dataset; ``not_run`` names those the solution has no
     counted trace for (skipped by the run or never run), so ``passed`` reads against all of
-    them. ``dtype``: the definition's tensor dtypes, inputs -> outputs."""
+    them. ``dtype``: the definition's tensor dtypes, inputs -> outputs. ``hardware``: the GPU
+    model the row is about (a dataset measured on several has a row per model)."""
 
     definition: str
     solution: str
@@ -63,7 +65,7 @@ def summary_rows(view: DefinitionView) -> list[SummaryRow]:
             definition=view.name,
             solution=solution.name,
             author=solution.author,
-            language=str(solution.spec.language),
+            language=language_label(solution),  # "builtin" for opforge's own op
             workloads=len(view.workloads) + len(view.untraced),
             passed=sum(passed(t) for t in traces),
             dtype=dtype_label(view.definition),
@@ -78,7 +80,7 @@ def summary_rows(view: DefinitionView) -> list[SummaryRow]:
             baseline=", ".join(baselines) or None,
             baseline_ratios=vs_baseline.ratios,
             baseline_earlier=vs_baseline.earlier,
-            hardware=sorted({t.evaluation.environment.hardware for t in traces}),
+            hardware=[view.hardware] if view.hardware else sorted({t.evaluation.environment.hardware for t in traces}),
         ))
     return rows
 
