@@ -88,7 +88,9 @@ def _first_line(text: str, limit: Optional[int] = None) -> str:
 
 
 def _language(solution) -> str:
-    return str(getattr(solution.spec.language, "value", solution.spec.language))
+    from .trace.own_op import language_label
+
+    return language_label(solution)  # "builtin" for opforge's own op (its record says python)
 
 
 def _is_reference(solution, reference) -> bool:

@@ -1,6 +1,9 @@
-"""Builtin solutions: opforge's own ops behind the Definition's names."""
+"""Builtin solutions: opforge's own ops behind the Definition's names (the generated python
+form, and the older "builtin" records, which build the same way)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -8,7 +11,24 @@ import torch
 import opforge
 from opforge.registry import ENTRY_POINT_ERROR, SIGNATURE_ERROR, BuildError, build, builtin_solution
 from opforge.trace import AxisConst, AxisVar, Definition, TensorSpec
+from opforge.trace.own_op import AdapterError
 from registry_helpers import solution
+
+
+def legacy(definition, op, **adapter):
+    """A record as older opforge wrote it: language builtin, the adapter in builtin.json."""
+    return solution(f"{definition.name}_legacy", {"builtin.json": json.dumps(adapter)}, entry=f"builtin.json::{op}",
+                    language="builtin", definition=definition.name, target=("cpu", "cuda"))
+
+
+def refused(definition, op, match, kind, **adapter):
+    """builtin_solution refuses the mapping, and building a legacy record of it fails alike."""
+    with pytest.raises(AdapterError, match=match) as info:
+        builtin_solution(definition, op, **adapter)
+    assert info.value.entry == (kind == ENTRY_POINT_ERROR)
+    with pytest.raises(BuildError, match=match) as info:
+        build(legacy(definition, op, **adapter), definition, "cpu")
+    assert info.value.kind == kind
 
 ROWS = ["batch_size", "hidden_size"]
 
@@ -36,7 +56,7 @@ def norm_definition(name="rmsnorm_h64", fused=False, outputs=("output",), eps=1e
 def test_rmsnorm_with_eps_constant():
     d = norm_definition()
     sol = builtin_solution(d, "rmsnorm", constants={"eps": 1e-5})
-    assert sol.spec.entry_point == "builtin.json::rmsnorm" and sol.spec.language == "builtin"
+    assert sol.spec.entry_point == "main.py::run" and sol.spec.language == "python"
     assert sol.name == "rmsnorm_h64_builtin" and not sol.spec.destination_passing_style
     run = build(sol, d, "cpu")
     x, w = torch.randn(5, 64), torch.randn(64)
@@ -96,18 +116,14 @@ def test_explicit_input_mapping():
     ("rmsnorm", {"outputs": ["output", "output"]}, SIGNATURE_ERROR, "do not name each"),
 ])
 def test_adapter_errors(op, kwargs, kind, match):
-    with pytest.raises(BuildError, match=match) as info:
-        build(builtin_solution(norm_definition(), op, **kwargs), norm_definition(), "cpu")
-    assert info.value.kind == kind
+    refused(norm_definition(), op, match, kind, **kwargs)
 
 
 def test_op_parameter_left_unmapped():
     d = Definition(name="scale_n", op_type="scale", axes={"n": AxisVar()},
                    inputs={"x": TensorSpec(shape=["n"], dtype="float32")},
                    outputs={"out": TensorSpec(shape=["n"], dtype="float32")}, reference="def run(x):\n    return x\n")
-    with pytest.raises(BuildError, match='opforge.scale needs factor, which no Definition input maps to') as info:
-        build(builtin_solution(d, "scale"), d, "cpu")
-    assert info.value.kind == SIGNATURE_ERROR
+    refused(d, "scale", 'opforge.scale needs factor, which no Definition input maps to', SIGNATURE_ERROR)
 
 
 @pytest.mark.parametrize("content, match", [
@@ -169,13 +185,9 @@ def test_null_input_is_left_out_of_the_call():
     ({"x_t": None, "nope": None}, r"adapter maps unknown input\(s\) nope"),
 ])
 def test_null_and_duplicate_mappings_checked_before_any_call(inputs, match):
-    d = _scale_with_extra_layout()
-    with pytest.raises(BuildError, match=match) as info:
-        build(builtin_solution(d, "scale", inputs=inputs), d, "cpu")
-    assert info.value.kind == SIGNATURE_ERROR
+    refused(_scale_with_extra_layout(), "scale", match, SIGNATURE_ERROR, inputs=inputs)
 
 
 def test_input_mapped_and_set_as_constant_refused():
-    d = _scale_with_extra_layout()
-    with pytest.raises(BuildError, match=r"parameter\(s\) factor would be given more than once"):
-        build(builtin_solution(d, "scale", inputs={"x_t": None}, constants={"factor": 2.0}), d, "cpu")
+    refused(_scale_with_extra_layout(), "scale", r"parameter\(s\) factor would be given more than once",
+            SIGNATURE_ERROR, inputs={"x_t": None}, constants={"factor": 2.0})

@@ -6,7 +6,6 @@ the Solutions the built-in dataset ships for them."""
 from __future__ import annotations
 
 import ast
-import json
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import opforge.solutions
 from opforge.bench import generate_inputs
 from opforge.ops import nvfp4_format
 from opforge.trace import Definition, DType, RandomInput, SchemaError, Workload, builtin
+from opforge.trace.own_op import read_own_op
 from opforge.trace.templates import TEMPLATES, definition_for_name
 from opforge.trace.templates.nvfp4 import E4M3_SMALLEST, scale_bound
 
@@ -179,9 +179,11 @@ def test_storage_orders_round_trip_and_count_in_the_content_hash():
 def test_builtin_solution_leaves_the_blocked_scales_out_of_the_op_call():
     d = definition_for_name("nvfp4_gemv_m4096_k7168")
     solution = builtin.builtin_solution_for(d)
-    assert solution.spec.entry_point == "builtin.json::nvfp4_gemv"
-    adapter = json.loads(solution.sources[0].content)
-    assert adapter == {"inputs": {"scale_a_permuted": None, "scale_b_permuted": None}, "outputs": ["c"]}
+    own = read_own_op(solution)
+    assert solution.spec.entry_point == "main.py::run" and own is not None and own.op == "nvfp4_gemv"
+    assert own.inputs == {"a": "a", "b": "b", "scale_a": "scale_a", "scale_b": "scale_b",
+                          "scale_a_permuted": None, "scale_b_permuted": None}
+    assert "opforge.nvfp4_gemv(a=a, b=b, scale_a=scale_a, scale_b=scale_b)\n" in solution.sources[0].content
 
 
 def test_shipped_triton_solutions_are_the_package_file():

@@ -141,7 +141,8 @@ class Router:
 
     def _is_builtin(self, choice: _Choice) -> bool:
         """Whether the solution is exactly what builtin_solution_for makes: opforge's own op for
-        the Definition (any other adapter of an op is a solution like any other)."""
+        the Definition (another mapping onto an op, or an edited copy of the file, is a solution
+        like any other)."""
         if choice.is_own_op is None:
             name = choice.definition.name
             if name not in self._builtin_hashes:

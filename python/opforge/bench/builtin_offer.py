@@ -5,8 +5,9 @@ A FlashInfer-Trace dataset (the public one, or one captured elsewhere) names Def
 meaning opforge already knows (``rmsnorm_h4096``, ``fused_add_rmsnorm_h7168``,
 ``gqa_paged_decode_h32_kv8_d128_ps1``): the op templates parse those names back. For each such
 Definition with no solution of opforge's own op yet, ``--builtin`` adds the builtin Solution
-(the same adapter the built-in dataset ships) to the dataset, so ``opforge run --dataset X
---builtin`` benchmarks opforge against the dataset's other solutions without JSON copied by hand.
+(the python record the built-in dataset ships, which FlashInfer-Bench reads too) to the
+dataset, so ``opforge run --dataset X --builtin`` benchmarks opforge against the dataset's other
+solutions without JSON copied by hand.
 The Definition's own reference still judges it: a Definition that shares a name but not a
 meaning fails its correctness check, visibly.
 """

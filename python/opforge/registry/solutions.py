@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
 import textwrap
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from ..trace import BuildSpec, Solution, SourceFile, SupportedLanguages
+from ..trace.own_op import own_op_solution, resolve_own_op
 
 REFERENCE_FILE = "reference.py"
-BUILTIN_FILE = "builtin.json"
 
 
 def _definition_name(definition) -> str:
@@ -37,26 +36,20 @@ def reference_solution(definition) -> Solution:
 def builtin_solution(definition, op: str, *, inputs: Optional[dict] = None, constants: Optional[dict] = None,
                      outputs: Optional[list] = None, name: Optional[str] = None, author: str = "opforge",
                      description: Optional[str] = None) -> Solution:
-    """A Solution running ``opforge.<op>`` for ``definition`` (a Definition or its name).
+    """A Solution running ``opforge.<op>`` for ``definition``: a FlashInfer-Trace python
+    solution (``main.py::run``) that imports opforge and calls the op, which opforge recognises
+    and runs directly (see opforge.trace.own_op for the file and how it is recognised).
 
     inputs: Definition input -> op parameter where they differ (``{"hidden_states": "input"}``
     is the default alias anyway), or None for an input the op does not take
     (``{"scale_a_permuted": None}``: it is left out of the call); constants: keyword arguments of every call
     (``{"eps": 1e-5}``); outputs: what the op returns, in order, as Definition output names
-    (None for a returned value the Definition lacks, e.g. ``["output", None]``).
-    See builders/builtin.py for the adapter file this writes.
+    (None for a returned value the Definition lacks, e.g. ``["output", None]``). A mapping that
+    cannot call the op raises AdapterError (a ValueError) naming the problem.
     """
-    def_name = _definition_name(definition)
-    adapter = {k: v for k, v in (("inputs", inputs), ("constants", constants), ("outputs", outputs)) if v}
-    return Solution(
-        name=name or f"{def_name}_builtin",
-        definition=def_name,
-        author=author,
-        description=description or f"opforge.{op}, compiled ahead of time into opforge's extension.",
-        spec=BuildSpec(language=SupportedLanguages.BUILTIN, target_hardware=["cpu", "cuda"],
-                       entry_point=f"{BUILTIN_FILE}::{op}", destination_passing_style=False),
-        sources=[SourceFile(path=BUILTIN_FILE, content=json.dumps(adapter, indent=2, sort_keys=True) + "\n")],
-    )
+    own = resolve_own_op(definition, op, inputs, constants, outputs)
+    return own_op_solution(definition.name, own, name=name or f"{definition.name}_builtin", author=author,
+                           description=description)
 
 
 def _callable_source(fn: Callable) -> tuple[str, str, str]:
@@ -92,14 +85,17 @@ def callable_solution(fn: Callable, name: str, definition, *, description: Optio
                       destination_passing_style: bool = False) -> Solution:
     """The Solution describing a live Python function. Its sources are the function's module
     (or the function alone), so the Solution can be saved and shared; the registry runs the
-    function object itself. A language opforge does not know ("cutlass") is recorded in the
-    description and the Solution is python."""
+    function object itself. A language opforge does not know ("cutlass"), or "builtin" (a live
+    function is never one of opforge's compiled ops, and FlashInfer-Bench reads no such
+    language), is recorded in the description and the Solution is python."""
     if not callable(fn):
         raise TypeError(f"solution {name!r}: kernel_fn must be callable; got {type(fn).__name__}")
     label = str(language).lower()
     try:
         lang = SupportedLanguages(label)
     except ValueError:
+        lang = None
+    if lang is None or lang is SupportedLanguages.BUILTIN:
         lang = SupportedLanguages.PYTHON
         description = f"{description or ''} (language: {language})".strip()
     file, content, symbol = _callable_source(fn)

@@ -62,11 +62,13 @@ class LoadingMixin:
             self._note_failed(file, display)
             return self._report(error, strict)
         try:
-            add(obj)
+            added = add(obj)
         except (DuplicateError, UnknownDefinitionError) as exc:
             field = "name" if isinstance(exc, DuplicateError) else "definition"
             return self._report(LoadError(display, field, str(exc)), strict)
-        self._mark_loaded(obj, display)
+        # What was added may differ from what was read (a legacy solution in its new form): the
+        # snapshot is of what the file holds, so that saving rewrites the file.
+        self._mark_loaded(added, display, as_read=obj)
 
     def _note_failed(self, file: Path, display: str) -> None:
         """Remember the name in a file that failed, so what refers to it can say why."""

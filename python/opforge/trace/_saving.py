@@ -13,6 +13,7 @@ that would go through a symbolic link or out of the folder writes nothing.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from ._base import TraceModel, dumps
 from ._io import append_line, copy_file, write_text
@@ -47,9 +48,9 @@ class SavingMixin:
             return f"workloads/{d.op_type}/{d.name}.jsonl"
         return f"traces/{self._solution_by_name[t.solution].author}/{d.op_type}/{d.name}.jsonl"
 
-    def _mark_loaded(self, obj: TraceModel, relative: str) -> None:
+    def _mark_loaded(self, obj: TraceModel, relative: str, as_read: Optional[TraceModel] = None) -> None:
         self._origin[id(obj)] = relative
-        self._snapshot[id(obj)] = snapshot(obj)
+        self._snapshot[id(obj)] = snapshot(as_read if as_read is not None else obj)
         self._file_counts[relative] = self._file_counts.get(relative, 0) + 1
 
     def _append(self, trace) -> None:

@@ -32,8 +32,10 @@ from .schema import NAME_SUFFIX
 
 
 class SupportedLanguages(str, Enum):
-    """Languages of solutions. ``pytorch`` and ``builtin`` (opforge's own compiled ops) are
-    opforge additions; the others are FlashInfer-Trace's."""
+    """Languages of solutions. ``pytorch`` and ``builtin`` are opforge additions, read but not
+    written: opforge's own plain-PyTorch solutions say ``python``, and its own compiled ops are
+    python solutions of a generated form (own_op.py) where older files said ``builtin``. The
+    others are FlashInfer-Trace's."""
 
     PYTHON = "python"
     PYTORCH = "pytorch"

@@ -39,6 +39,7 @@ from ._loading import LoadingMixin
 from ._saving import SavingMixin
 from .blob import check_safetensors_input, load_safetensors_input
 from .errors import DuplicateError, LoadError, NotFoundError, UnknownDefinitionError, UnknownSolutionError
+from .own_op import AdapterError, is_legacy, upgrade_legacy
 from .schema import Definition
 from .solution import Solution
 from .trace import Trace
@@ -110,9 +111,17 @@ class TraceSet(LoadingMixin, SavingMixin):
         return definition
 
     def add_solution(self, solution: Solution) -> Solution:
+        """Add ``solution`` and return what was added: a legacy ``builtin`` record of opforge's
+        own op is turned into its python form (own_op.py), so saving writes that; one that
+        cannot be is kept as it is (building it says why)."""
         if not isinstance(solution, Solution):
             raise TypeError(f"add_solution takes a Solution, not {type(solution).__name__}")
-        self._require_definition(solution.definition, f"solution {solution.name!r}")
+        definition = self._require_definition(solution.definition, f"solution {solution.name!r}")
+        if is_legacy(solution):
+            try:
+                solution = upgrade_legacy(solution, definition)
+            except AdapterError:
+                pass
         if solution.name in self._solution_by_name:
             first = self._solution_by_name[solution.name]
             raise DuplicateError(f"solution {solution.name!r} already exists{self._from(first)}")

@@ -11,8 +11,13 @@ python, pytorch,       sources written to the build cache, entry file imported f
 triton, tilelang,      (python.py)
 cutedsl
 cpp, cuda              compiled: binding "tvm-ffi" (also when unset) or "torch" (native.py)
-builtin                one of opforge's own ops through a small adapter (builtin.py)
+builtin                records older opforge wrote for its own ops (read, not written)
 =====================  =================================================================
+
+opforge's own ops are python solutions of a generated form (opforge.trace.own_op). A solution
+that is exactly that form, and a legacy ``builtin`` record, are run by calling the op directly,
+without importing anything of the solution (builtin.py); every other python solution is
+imported.
 """
 
 from __future__ import annotations
@@ -64,13 +69,13 @@ def binding_of(solution) -> str:
     return binding
 
 
-def _load(solution, definition, language: str, device) -> Loaded:
-    entry_file, symbol = split_entry_point(solution)
-    if language == "builtin":
+def _load(solution, definition, language: str, device, own) -> Loaded:
+    if own is not None:
         from . import builtin
 
         check_sources(solution, None)
-        return builtin.load(solution, definition, entry_file, symbol)
+        return builtin.load(solution, own)
+    entry_file, symbol = split_entry_point(solution)
     check_sources(solution, entry_file)
     if language in IMPORTED:
         from . import python
@@ -105,11 +110,14 @@ def build(solution, definition, device=None, *, fn: Optional[Callable] = None) -
     except ValueError as exc:  # e.g. device cuda with a CPU-only torch: the solution cannot be built here
         raise BuildError(UNSUPPORTED, solution.name, str(exc)) from None
     check_hardware(solution, device)
-    if language == "builtin":
-        from .builtin import check_device
+    own = None
+    if fn is None and language in ("python", "builtin"):
+        from .builtin import check_device, own_op_of
 
-        check_device(solution, device)
-    loaded = Loaded(fn) if fn is not None else _load(solution, definition, language, device)
+        own = own_op_of(solution, definition)
+        if own is not None:
+            check_device(solution, device)
+    loaded = Loaded(fn) if fn is not None else _load(solution, definition, language, device, own)
     dps = bool(solution.spec.destination_passing_style)
     calling = loaded.calling
     if calling is None:
