@@ -33,7 +33,8 @@ def _type_error(name: str, value, optional: bool) -> TypeError:
 
 
 def check_tensors(names: tuple[str, ...], values: tuple, required: int) -> None:
-    """The first ``required`` values are tensors, the rest tensors or None, and none needs grad.
+    """The first ``required`` values are tensors, the rest tensors or None. (A tensor that needs
+    grad is refused by the binding, which every tensor of every op passes through.)
 
     Written for the call path: a loop over a tuple, no allocation when all is well.
     """
@@ -42,7 +43,6 @@ def check_tensors(names: tuple[str, ...], values: tuple, required: int) -> None:
         if not isinstance(value, Tensor) and (i < required or value is not None):
             raise _type_error(names[i], value, i >= required)
         i += 1
-    refuse_grad(names, values)
 
 
 def refuse_grad(names: tuple[str, ...], values: tuple, prefix: str = "") -> None:
