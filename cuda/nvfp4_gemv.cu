@@ -74,30 +74,34 @@ struct DecodedB {
   __half2 v[16];
 };
 
-__device__ __forceinline__ void decode_b(const uint4& v, DecodedB& b) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+struct Decoder {
+  __device__ __forceinline__ void decode_b(const uint4& v, DecodedB& b) const {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint32_t h[4];
-    fp4x8_to_half2x4(words[i], h);
+    for (int i = 0; i < 4; ++i) {
+      uint32_t h[4];
+      fp4x8_to_half2x4(words[i], h);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) b.v[4 * i + j] = as_half2(h[j]);
+      for (int j = 0; j < 4; ++j) b.v[4 * i + j] = as_half2(h[j]);
+    }
   }
-}
 
-__device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) {
-  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
-  __half2 s[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
+  __device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) const {
+    const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+    __half2 s[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint32_t h[4];
-    fp4x8_to_half2x4(words[i], h);
+    for (int i = 0; i < 4; ++i) {
+      uint32_t h[4];
+      fp4x8_to_half2x4(words[i], h);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) s[i / 2] = __hfma2(as_half2(h[j]), b.v[4 * i + j], s[i / 2]);
+      for (int j = 0; j < 4; ++j) s[i / 2] = __hfma2(as_half2(h[j]), b.v[4 * i + j], s[i / 2]);
+    }
+    const float2 s0 = __half22float2(s[0]), s1 = __half22float2(s[1]);
+    return make_float2(s0.x + s0.y, s1.x + s1.y);
   }
-  const float2 s0 = __half22float2(s[0]), s1 = __half22float2(s[1]);
-  return make_float2(s0.x + s0.y, s1.x + s1.y);
-}
+};
+
+__device__ __forceinline__ Decoder make_decoder() { return {}; }
 #else
 // Software path (sm_80..sm_90: no FP4 instructions): integer dot products. Twice an E2M1 value
 // is an integer, 2|x| in {0, 1, 2, 3, 4, 6, 8, 12}, so a block's sum of 16 products is an exact
@@ -105,57 +109,70 @@ __device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) 
 // table indexed by the codes' 3 magnitude bits; its sign-replicate mode, selected by the code's
 // own sign bit (bit 3 of each selector nibble), answers 0 for negative codes (every table byte is
 // below 0x80). The same lookup with the sign bits flipped gives the negative codes' magnitudes,
-// so A = P - N with P, N >= 0 bytewise, and one dp4a per part adds four products:
-// A . B = P . B + N . (-B), with B and -B decoded once per vector and shared by the task's rows.
-// Per 8 codes of A: 3 integer ops, 4 prmt, 4 dp4a (the half2 bit placement took 16 + 4 HFMA2,
-// and the integer pipe, not memory, then bounded the kernel on Hopper).
+// so A = P - N with P, N >= 0 bytewise, and A . B = P . B - N . B: one dp4a per part adds four
+// products into the block's P or N sum, with B decoded once per vector (signed bytes 2x) and
+// shared by the task's rows. Per 8 codes of A: 3 integer ops, 4 prmt, 4 dp4a.
 constexpr float kBlockUnit = 0.25f;
 constexpr uint32_t kTwiceE2M1Lo = 0x03020100u;  // codes 0..3 -> 0, 1, 2, 3
 constexpr uint32_t kTwiceE2M1Hi = 0x0C080604u;  // codes 4..7 -> 4, 6, 8, 12
 
-// Bytewise 2|x| of the four codes in the low 16 bits of `sel` whose sign bit is clear (0 for the
-// others).
-__device__ __forceinline__ uint32_t twice_magnitudes(uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(kTwiceE2M1Lo), "r"(kTwiceE2M1Hi), "r"(sel));
-  return d;
-}
-
-// The 32 values of a vector of B as signed bytes 2x and -2x, four per word, in code order.
+// The 32 values of a vector of B as signed bytes 2x, four per word, in code order.
 struct DecodedB {
-  uint32_t pos[8], neg[8];
+  uint32_t v[8];
 };
 
-__device__ __forceinline__ void decode_b(const uint4& v, DecodedB& b) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t flipped = words[i] ^ 0x88888888u;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t p = twice_magnitudes(words[i] >> (16 * h));
-      const uint32_t n = twice_magnitudes(flipped >> (16 * h));
-      b.pos[2 * i + h] = __vsub4(p, n);  // bytes stay within -12..12: no lane wraps into another
-      b.neg[2 * i + h] = __vsub4(n, p);
-    }
-  }
-}
+struct Decoder {
+  // The low table word in a register of its own: prmt takes one table word as an immediate, the
+  // other from a register, and the compiler would otherwise copy the constant into a fresh
+  // register before every prmt (one extra instruction per four codes).
+  uint32_t lo;
 
-__device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) {
-  const uint32_t words[4] = {a.x, a.y, a.z, a.w};
-  int s[2] = {0, 0};
+  // Bytewise 2|x| of the four codes in the low 16 bits of `sel` whose sign bit is clear (0 for
+  // the others).
+  __device__ __forceinline__ uint32_t twice_magnitudes(uint32_t sel) const {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "n"(kTwiceE2M1Hi), "r"(sel));
+    return d;
+  }
+
+  __device__ __forceinline__ void decode_b(const uint4& v, DecodedB& b) const {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t flipped = words[i] ^ 0x88888888u;
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t flipped = words[i] ^ 0x88888888u;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t p = twice_magnitudes(words[i] >> (16 * h));
-      const uint32_t n = twice_magnitudes(flipped >> (16 * h));
-      s[i / 2] = __dp4a(static_cast<int>(p), static_cast<int>(b.pos[2 * i + h]), s[i / 2]);
-      s[i / 2] = __dp4a(static_cast<int>(n), static_cast<int>(b.neg[2 * i + h]), s[i / 2]);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t p = twice_magnitudes(words[i] >> (16 * h));
+        const uint32_t n = twice_magnitudes(flipped >> (16 * h));
+        // p - n bytewise (each byte has p or n zero, both below 13): biased by 0x80 per byte the
+        // subtraction cannot borrow across bytes, and the xor removes the bias.
+        b.v[2 * i + h] = (p + 0x80808080u - n) ^ 0x80808080u;
+      }
     }
   }
-  return make_float2(__int2float_rn(s[0]), __int2float_rn(s[1]));  // exact: below 2^24
+
+  __device__ __forceinline__ float2 block_sums(const uint4& a, const DecodedB& b) const {
+    const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+    int sp[2] = {0, 0}, sn[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t flipped = words[i] ^ 0x88888888u;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t p = twice_magnitudes(words[i] >> (16 * h));
+        const uint32_t n = twice_magnitudes(flipped >> (16 * h));
+        sp[i / 2] = __dp4a(static_cast<int>(p), static_cast<int>(b.v[2 * i + h]), sp[i / 2]);
+        sn[i / 2] = __dp4a(static_cast<int>(n), static_cast<int>(b.v[2 * i + h]), sn[i / 2]);
+      }
+    }
+    return make_float2(__int2float_rn(sp[0] - sn[0]), __int2float_rn(sp[1] - sn[1]));  // exact: below 2^24
+  }
+};
+
+__device__ __forceinline__ Decoder make_decoder() {
+  Decoder d;
+  asm volatile("mov.b32 %0, %1;" : "=r"(d.lo) : "n"(kTwiceE2M1Lo));  // opaque: kept, not re-made
+  return d;
 }
 #endif
 
@@ -258,6 +275,7 @@ __global__ void __launch_bounds__(kNvfp4Threads, WIDE ? kNvfp4BlocksPerSm : 1)
   const int64_t nv = p.k / kNvfp4VectorElems;
   const int64_t per_slice = (nv + splits - 1) / splits;
   const int width = group < 32 ? group : 32;
+  const Decoder dec = make_decoder();
 
   // Tasks are dealt to blocks in turn (task = round + group's index * blocks + block), so that
   // every block, and every SM, gets as many tasks as the next one, to within one. The loop bound
@@ -310,13 +328,13 @@ __global__ void __launch_bounds__(kNvfp4Threads, WIDE ? kNvfp4BlocksPerSm : 1)
       for (int u = 0; u < U; ++u) {
         if (v0 + int64_t(u) * group >= v_end) break;
         DecodedB b;
-        decode_b(bv[u], b);
+        dec.decode_b(bv[u], b);
         float2 sb = e4m3x2_to_float2(bs[u]);
         sb.x *= kBlockUnit;  // exact: a power of two
         sb.y *= kBlockUnit;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          const float2 s = block_sums(av[u][r], b);
+          const float2 s = dec.block_sums(av[u][r], b);
           const float2 sa = e4m3x2_to_float2(as[u][r]);
           // s * sa is exact (at most 12 by 4 significant bits); the fma rounds once, into acc.
           acc[r] = fmaf(s.x * sa.x, sb.x, acc[r]);
