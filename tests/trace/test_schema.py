@@ -339,6 +339,16 @@ def test_solution_defaults_and_helpers():
                                                           "cuda", "cpp", "builtin"]
 
 
+def test_pytorch_is_read_as_python():
+    """A record saying "pytorch" (opforge wrote it before) builds as before and is written back as
+    "python", which FlashInfer-Bench reads; the content hash is the python record's."""
+    old = solution(spec={"language": "pytorch", "entry_point": "kernel.py::run"})
+    assert old.spec.language == "python" and old.spec.target_hardware == ["cpu", "cuda"]
+    assert old.to_dict()["spec"]["language"] == "python"
+    assert old.content_hash() == solution(spec={"language": "python", "entry_point": "kernel.py::run"}).content_hash()
+    assert BuildSpec(language=SupportedLanguages.PYTORCH, entry_point="m.py::run").language == "python"
+
+
 @pytest.mark.parametrize("make, field, message", [
     (lambda: SourceFile(path="../x.py", content=""), "path", "must not contain '..'"),
     (lambda: SourceFile(path="/abs/x.py", content=""), "path", "must be relative"),

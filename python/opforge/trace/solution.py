@@ -33,7 +33,7 @@ from .schema import NAME_SUFFIX
 
 class SupportedLanguages(str, Enum):
     """Languages of solutions. ``pytorch`` and ``builtin`` are opforge additions, read but not
-    written: opforge's own plain-PyTorch solutions say ``python``, and its own compiled ops are
+    written: ``pytorch`` is read as ``python`` (BuildSpec), and opforge's own compiled ops are
     python solutions of a generated form (own_op.py) where older files said ``builtin``. The
     others are FlashInfer-Trace's."""
 
@@ -96,6 +96,10 @@ class BuildSpec(TraceModel):
     @model_validator(mode="before")
     @classmethod
     def _fill_hardware(cls, data: Any) -> Any:
+        # "pytorch" is read as "python" (the same build: a module imported): FlashInfer-Bench's
+        # language list has no "pytorch", so what opforge writes must not say it.
+        if isinstance(data, dict) and data.get("language") in ("pytorch", SupportedLanguages.PYTORCH):
+            data = {**data, "language": SupportedLanguages.PYTHON.value}
         if isinstance(data, dict) and data.get("target_hardware") is None and "language" in data:
             try:
                 language = SupportedLanguages(data["language"])
