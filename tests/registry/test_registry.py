@@ -80,8 +80,8 @@ def test_register_function_seed_style(cache):
         return x * w * scale
 
     sol = reg.register(name="closure", kernel_fn=kernel, description="times three", language="pytorch")
-    # written as "python": FlashInfer-Bench's language list has no "pytorch" (same build: a module)
-    assert sol.definition == "mul_h8" and sol.spec.language == "python" and sol.description == "times three"
+    assert sol.definition == "mul_h8" and sol.spec.language == "pytorch" and sol.description == "times three"
+    # written as "python": FlashInfer-Bench's language list has no "pytorch" (the same build)
     assert sol.to_dict()["spec"]["language"] == "python"
     assert not sol.spec.destination_passing_style
     assert sol.spec.entry_point == "kernel.py::kernel" and "return x * w * scale" in sol.sources[0].content

@@ -183,7 +183,7 @@ def _imitations() -> dict:
         "another entry point": _with(own, content=text + "run2 = run\n", entry_point="main.py::run2"),
         "destination passing": _with(own, destination_passing_style=True),
         "a binding": _with(own, binding="torch"),
-        "language triton": _with(own, language="triton"),
+        "language pytorch": _with(own, language="pytorch"),
     }
 
 

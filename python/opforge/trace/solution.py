@@ -22,7 +22,7 @@ import hashlib
 from enum import Enum
 from typing import Annotated, Any, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_serializer, model_validator
 
 from ._base import TraceModel, canonical_hash_text
 from ._paths import name_problem
@@ -33,7 +33,7 @@ from .schema import NAME_SUFFIX
 
 class SupportedLanguages(str, Enum):
     """Languages of solutions. ``pytorch`` and ``builtin`` are opforge additions, read but not
-    written: ``pytorch`` is read as ``python`` (BuildSpec), and opforge's own compiled ops are
+    written: ``pytorch`` is written as ``python`` (BuildSpec), and opforge's own compiled ops are
     python solutions of a generated form (own_op.py) where older files said ``builtin``. The
     others are FlashInfer-Trace's."""
 
@@ -96,10 +96,6 @@ class BuildSpec(TraceModel):
     @model_validator(mode="before")
     @classmethod
     def _fill_hardware(cls, data: Any) -> Any:
-        # "pytorch" is read as "python" (the same build: a module imported): FlashInfer-Bench's
-        # language list has no "pytorch", so what opforge writes must not say it.
-        if isinstance(data, dict) and data.get("language") in ("pytorch", SupportedLanguages.PYTORCH):
-            data = {**data, "language": SupportedLanguages.PYTHON.value}
         if isinstance(data, dict) and data.get("target_hardware") is None and "language" in data:
             try:
                 language = SupportedLanguages(data["language"])
@@ -107,6 +103,12 @@ class BuildSpec(TraceModel):
                 return data
             data = {**data, "target_hardware": list(_DEFAULT_HARDWARE.get(language, ["cuda"]))}
         return data
+
+    @field_serializer("language", when_used="json")
+    def _written_language(self, language: SupportedLanguages) -> str:
+        # "pytorch" is written as "python" (the same build: a module imported): FlashInfer-Bench's
+        # language list has no "pytorch". In memory it stays as registered, for the tables.
+        return SupportedLanguages.PYTHON.value if language is SupportedLanguages.PYTORCH else language.value
 
     @model_validator(mode="after")
     def _check(self) -> "BuildSpec":
