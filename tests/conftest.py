@@ -110,6 +110,14 @@ def gpu_turn(request):
         yield
 
 
+#: For tests that run a Triton solution in triton's interpreter (TRITON_INTERPRET=1): CPU coverage
+#: for machines without a GPU. Where a GPU is visible the GPU tests run the compiled kernel
+#: instead (and triton releases before 3.7 cannot interpret a loop over a run-time bound under
+#: numpy 2: "only 0-dimensional arrays can be converted to Python scalars").
+interpreter_only = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="a GPU is here: its tests run the compiled Triton kernel")
+
+
 def shape_params(hidden_sizes, cpu_batches=(1, 3, 64), gpu_batches=(1, 3, 64, 1000, 8192), cpu_cap=1 << 19,
                  gpu_cap=1 << 25):
     """(device, rows, hidden) parameters: every hidden size with a few batch sizes per device;

@@ -25,7 +25,7 @@ import torch
 
 import opforge
 from opforge import _C
-from conftest import DEVICES, NATIVE_BACKENDS, TOLERANCES, assert_close, capture_graph, replay
+from conftest import DEVICES, NATIVE_BACKENDS, TOLERANCES, assert_close, capture_graph, interpreter_only, replay
 
 LN2 = math.log(2.0)
 devices = pytest.mark.parametrize("device", DEVICES)
@@ -592,6 +592,7 @@ print("\\n".join(failed) or "ok")
 """
 
 
+@interpreter_only
 def test_triton_solution_in_the_interpreter(seed):
     """The shipped Triton solution on CPU (TRITON_INTERPRET=1) against the reference, ps1 and
     ps64, bf16 and fp16, split partials merged, empty requests included."""

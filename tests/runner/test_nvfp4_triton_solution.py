@@ -19,6 +19,8 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+from conftest import interpreter_only  # noqa: E402
+
 from opforge.bench import Benchmark, BenchmarkConfig, Settings, generate_inputs  # noqa: E402
 from opforge.registry import CACHE_DIR_VAR  # noqa: E402
 from opforge.solutions import nvfp4_gemv_triton, shipped_solutions  # noqa: E402
@@ -41,6 +43,7 @@ def results(tmp_path_factory):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@interpreter_only
 @pytest.mark.parametrize("name", list(CASE_NAMES))
 def test_kernel_case(results, name):
     assert name in results, sorted(results)
@@ -60,6 +63,7 @@ def test_wrong_arguments_are_refused_by_name():
         nvfp4_gemv_triton.nvfp4_gemv(a.view(torch.uint8), b, scale_a, scale_b, c)
 
 
+@interpreter_only
 def test_runner_benchmarks_the_shipped_solution_on_cpu(tmp_path, monkeypatch):
     # The whole path: inputs drawn in the runner (blocked scales derived), sent to a worker
     # (which imports triton afresh, interpreted), the one-tuple entry called there, outputs
