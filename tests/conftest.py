@@ -10,8 +10,8 @@
 * ``DEVICES`` and the ``gpu`` marker: CUDA cases are skipped cleanly without a GPU or without
   CUDA kernels in this build; ``compile`` marks the torch.compile tests (``-m "not compile"``).
 * ``exclusive_gpu``: a test that needs the GPU to itself (it asserts on timings, or takes most
-  of the GPU's memory); with pytest-xdist on a GPU machine the other workers' tests wait while it
-  runs (``gpu_turn``).
+  of the GPU's memory); with pytest-xdist on a GPU machine the other workers' ``gpu`` tests wait
+  while it runs (``gpu_turn``): every test that uses the GPU carries the ``gpu`` marker.
 * ``sweep`` and the ``slow`` marker: a parametrization keeps in the default run the cases that
   reach distinct code (every dtype, backend, kernel variant, tail and error path) and marks the
   rest of its product ``slow``; ``python -m pytest tests -m slow`` runs those (pyproject's
@@ -87,20 +87,24 @@ def _flock(path: Path, mode: int):
 
 @pytest.fixture(autouse=True)
 def gpu_turn(request):
-    """With pytest-xdist on a GPU machine, every test holds the GPU shared and an
+    """With pytest-xdist on a GPU machine, every ``gpu`` test holds the GPU shared and an
     ``exclusive_gpu`` test holds it alone: one that times kernels would otherwise measure other
     workers' kernels too (processes take turns on a GPU), and one that fills the GPU's memory
     would make others fail to allocate. A waiting exclusive test goes first (it holds the
-    turnstile, which every test passes through), so it is not starved by a stream of shared ones.
-    Without xdist or without a GPU this does nothing."""
-    if not HAS_GPU or "PYTEST_XDIST_WORKER" not in os.environ:
+    turnstile, which every gpu test passes through), so it is not starved by a stream of shared
+    ones. Tests without the ``gpu`` marker never touch the GPU and run on meanwhile: a minute of
+    torch.compile on the CPU must not hold the GPU's turn. Without xdist or without a GPU this
+    does nothing."""
+    keywords = request.keywords
+    uses_gpu = "gpu" in keywords or "exclusive_gpu" in keywords
+    if not HAS_GPU or "PYTEST_XDIST_WORKER" not in os.environ or not uses_gpu:
         yield
         return
     import fcntl
 
     shared = request.getfixturevalue("tmp_path_factory").getbasetemp().parent  # the run's, not the worker's
     turnstile, gpu = shared / "gpu.turnstile", shared / "gpu.lock"
-    if "exclusive_gpu" in request.keywords:
+    if "exclusive_gpu" in keywords:
         with _flock(turnstile, fcntl.LOCK_EX), _flock(gpu, fcntl.LOCK_EX):
             yield
         return
