@@ -75,7 +75,8 @@ def dataset(root: Path, sources: dict, batches=(4096, 1 << 20)) -> TraceSet:
 
 def run(ts, **kw) -> dict:
     kw.setdefault("devices", ["cuda:0"])
-    config = BenchmarkConfig(seed=3, baseline=f"{DEF}_honest", defaults=Settings(iterations=30, max_time_s=1.0), **kw)
+    kw.setdefault("defaults", Settings(iterations=30, max_time_s=1.0))
+    config = BenchmarkConfig(seed=3, baseline=f"{DEF}_honest", **kw)
     return {(t.solution.removeprefix(f"{DEF}_"), t.workload.uuid): t for t in Benchmark(ts, config).run_all()}
 
 
@@ -158,9 +159,13 @@ def test_a_patched_timer_on_a_gpu_is_suspect_and_reaches_no_one_else(tmp_path):
     the solution after it keep their own device times."""
     from test_runner_trust import TIMER_CHEAT
 
-    cheat = TIMER_CHEAT.replace("ITERATIONS", "30").replace('method="host_clock"', 'method="cuda_events"')
+    # 1000 calls claimed: on the clock they need at least 2 spin leads each (40 ms), which the
+    # instant fake answer cannot have taken even on a host loaded by other tests' compiles (with
+    # 30 calls, 1.2 ms: one slow scheduling of the worker let the lie through).
+    cheat = TIMER_CHEAT.replace("ITERATIONS", "1000").replace('method="host_clock"', 'method="cuda_events"')
     slow = "import torch\n\ndef run(x, w):\n    torch.cuda._sleep(2_000_000)\n    return x * w\n"
-    got = run(dataset(tmp_path / "ds", {"honest": slow, "cheat": cheat, "zz_after": slow}, batches=(4096,)))
+    got = run(dataset(tmp_path / "ds", {"honest": slow, "cheat": cheat, "zz_after": slow}, batches=(4096,)),
+              defaults=Settings(iterations=1000, max_time_s=1.0))
     cheat_perf = got[("cheat", "b4096")].evaluation.performance
     assert cheat_perf.suspect and cheat_perf.suspect.startswith("timing does not fit the runner's clock"), cheat_perf
     for name in ("honest", "zz_after"):
