@@ -15,17 +15,18 @@ namespace {
 template <int VPT>
 constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_max_threads(VPT)
 
-// Register path: each group of `group` threads owns one row and keeps it in registers
+// Register path: the blockDim.x threads of one threadIdx.y own one row and keep it in registers
 // (VPT vectors of VEC elements per thread), so every element is read once and written once.
 // All loads of a thread (row, residual, weight) are issued back to back before any use: the
 // addresses of out-of-range vectors are clamped to valid ones instead of branched around, so
 // nothing serialises the memory round trips.
 template <typename T, int VEC, int VPT, bool ADD>
-__global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p, const int group) {
+__global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p) {
   wait_for_previous_grid();
   __shared__ float scratch[32];
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
-  const int lane = threadIdx.x % group;
+  const int group = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const int lane = threadIdx.x;
   const bool active = row < p.rows;
   const int64_t r = active ? row : 0;  // rows past the end read row 0 and write nothing
 
@@ -35,11 +36,12 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 
   Vec<T, VEC> xr[VPT], rr[ADD ? VPT : 1], wr[VPT];
   bool ok[VPT];
+  // Column indices fit in 32 bits: a row held in registers has at most 1024 threads x 8 vectors.
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int64_t c = (int64_t(i) * group + lane) * VEC;
+    const int c = (i * group + lane) * VEC;
     ok[i] = c < p.hidden;
-    const int64_t cc = ok[i] ? c : 0;
+    const int cc = ok[i] ? c : 0;
     xr[i] = load_vec<T, VEC>(in + cc);
     if constexpr (ADD) rr[i] = load_vec<T, VEC>(res + cc);
     wr[i] = load_vec_reused<T, VEC>(w + cc);
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
       for (int j = 0; j < VEC; ++j) ss += s[j] * s[j];
     }
   }
-  ss = group_sum(ss, group, scratch);
+  ss = row_sum(ss, scratch);
   const float rstd = rsqrtf(ss / static_cast<float>(p.hidden) + p.eps);
 
   if (!active) return;
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (!ok[i]) continue;
-    const int64_t c = (int64_t(i) * group + lane) * VEC;
+    const int c = (i * group + lane) * VEC;
     float s[VEC], wv[VEC], y[VEC];
     sum_at(i, s);
     if constexpr (ADD) store_float<T, VEC>(res_out + c, s);
@@ -114,7 +116,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 #pragma unroll
     for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
   }
-  ss = group_sum(ss, blockDim.x, scratch);
+  ss = row_sum(ss, scratch);
   const float rstd = rsqrtf(ss / static_cast<float>(p.hidden) + p.eps);
 
   const T* w = static_cast<const T*>(p.weight);
@@ -141,15 +143,17 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 template <typename T, int VEC, bool ADD>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
   const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, ADD, sm_count(device), p.force_vpt);
-  const dim3 grid(static_cast<unsigned>(l.blocks)), block(static_cast<unsigned>(l.threads));
+  // Register path: a row along x (group threads), l.threads / group rows along y.
+  const dim3 grid(static_cast<unsigned>(l.blocks));
+  const dim3 block(static_cast<unsigned>(l.group), static_cast<unsigned>(l.group > 0 ? l.threads / l.group : 1));
   cudaError_t err;
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
     case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, p.pdl, p); break;
-    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
-    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
-    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
-    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, p.pdl, p, l.group); break;
+    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, p.pdl, p); break;
     default: return static_cast<int>(cudaErrorInvalidConfiguration);
   }
   return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();

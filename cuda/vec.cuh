@@ -87,25 +87,29 @@ __device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
 
 // Sum over groups of `width` consecutive lanes (width a power of two <= 32).
 __device__ __forceinline__ float warp_sum(float v, int width) {
-  for (int offset = width >> 1; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset, width);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    if (offset < width) v += __shfl_xor_sync(0xffffffffu, v, offset, width);
+  }
   return v;
 }
 
-// Sum over a group of `group` threads that share one row. Groups of up to 32 threads are lanes
-// of one warp (group a power of two); larger groups are whole warps (group a multiple of 32) and
-// combine their warp sums through shared memory. Every thread of the block must call this, since
-// the large-group path has block-wide barriers; `group` is uniform across the block.
-__device__ __forceinline__ float group_sum(float v, int group, float* scratch /* >= 32 floats */) {
+// Sum over the threads that share one row: the blockDim.x threads of one threadIdx.y. Rows of up
+// to 32 threads are lanes of one warp (blockDim.x a power of two); wider rows are whole warps
+// (blockDim.x a multiple of 32) and combine their warp sums through shared memory. Every thread
+// of the block must call this, since the wide-row path has a block-wide barrier. (Rows along y,
+// not cut out of a flat block by division: an integer division by a run-time group costs about
+// 20 instructions per thread, a tenth of a decode-size norm.)
+__device__ __forceinline__ float row_sum(float v, float* scratch /* >= 32 floats */) {
+  const int group = blockDim.x;
   if (group <= 32) return warp_sum(v, group);
   v = warp_sum(v, 32);
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  if (lane == 0) scratch[warp] = v;
+  const int warps_per_row = group >> 5;
+  const int first = threadIdx.y * warps_per_row;
+  if ((threadIdx.x & 31) == 0) scratch[first + (threadIdx.x >> 5)] = v;
   __syncthreads();
-  const int warps_per_group = group >> 5;
-  const int first = warp - warp % warps_per_group;
   float total = 0.f;
-  for (int w = 0; w < warps_per_group; ++w) total += scratch[first + w];
+  for (int w = 0; w < warps_per_row; ++w) total += scratch[first + w];
   return total;  // scratch is still being read: a second reduction would need a barrier first
 }
 
