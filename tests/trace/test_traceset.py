@@ -439,6 +439,30 @@ def test_blob_helpers(tmp_path):
         load_safetensors_input(None, spec)
 
 
+def test_fp4_blobs_as_safetensors_writes_them(tmp_path):
+    """safetensors writes an FP4 tensor as F4 counting 4-bit values (its header's last dimension
+    is twice the torch tensor's); a blob is checked against either FP4 spelling of the Definition
+    (float4_e2m1fn_x2: the torch shape; float4_e2m1: values) and loads back bit for bit."""
+    import torch
+
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    codes = torch.randint(0, 256, (3, 8, 2), dtype=torch.uint8)
+    packed = codes.view(torch.float4_e2m1fn_x2)
+    relative = workload_blob_relpath("gemv", "nvfp4_gemv_m3_k16", "u1")
+    save_safetensors_blob(tmp_path, relative, {"a": packed})
+    spec = SafetensorsInput(path=relative, tensor_key="a")
+    for dtype, shape in (("float4_e2m1fn_x2", (3, 8, 2)), ("float4_e2m1", (3, 8, 4))):
+        check_safetensors_input(tmp_path, spec, shape, dtype)
+        got = load_safetensors_input(tmp_path, spec, shape, dtype)
+        assert got.dtype == torch.float4_e2m1fn_x2 and tuple(got.shape) == (3, 8, 2)
+        assert torch.equal(got.view(torch.uint8), codes)
+    with pytest.raises(BlobError, match=r"has shape \(3, 8, 4\), expected \(3, 8, 8\)"):
+        check_safetensors_input(tmp_path, spec, (3, 8, 4), "float4_e2m1fn_x2")
+    with pytest.raises(BlobError, match="has dtype float4_e2m1, expected int8"):
+        check_safetensors_input(tmp_path, spec, (3, 8, 2), "int8")
+
+
 def test_bring_your_own_kernel_example_reads_naturally(tmp_path):
     """The public "custom kernel" walkthrough, with opforge.trace in place of the original
     import: define, add solutions, save to one JSON file, load it back."""

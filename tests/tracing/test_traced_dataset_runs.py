@@ -58,3 +58,33 @@ def test_opforge_run_benchmarks_a_traced_folder(tmp_path, rng, capsys):
     traces = load(root).traces
     assert {name: len(v) for name, v in traces.items()} == {name: n for name, n in zip(CONFIGS, (2, 2))}
     assert all(t.is_successful() and t.solution == f"{t.definition}_builtin" for v in traces.values() for t in v)
+
+
+def test_a_traced_nvfp4_call_is_replayed_from_its_fp4_blob(tmp_path, capsys):
+    """FP4 tensors dumped by tracing (safetensors F4, which counts 4-bit values) load back bit for
+    bit as the Definition's float4_e2m1fn_x2 inputs, in their [M, K/2, L] shape, and the runner
+    benchmarks opforge's op on them."""
+    gen = torch.Generator().manual_seed(7)
+    m, k, l = 8, 128, 2
+
+    def nvfp4(rows, cols, dtype, low=0, high=256):  # [rows, cols, L] laid out K-contiguous, L outermost
+        raw = torch.randint(low, high, (l, rows, cols), generator=gen, dtype=torch.uint8)
+        return raw.permute(1, 2, 0).view(dtype)
+
+    fp4, e4m3 = torch.float4_e2m1fn_x2, torch.float8_e4m3fn
+    a, b = nvfp4(m, k // 2, fp4), nvfp4(1, k // 2, fp4)
+    scale_a, scale_b = nvfp4(m, k // 16, e4m3, 0x30, 0x40), nvfp4(1, k // 16, e4m3, 0x30, 0x40)
+    name = f"nvfp4_gemv_m{m}_k{k}"
+    root = tmp_path / "traced"
+    with enable_tracing(dataset_dir=root, tracing_configs={name: TracingConfig("dump_all", "shape_only")}):
+        opforge.nvfp4_gemv(a, b, scale_a, scale_b)
+    ts = load(root)
+    (trace,) = ts.get_workloads(name)
+    values = generate_inputs(ts.definitions[name], trace.workload, trace_set=ts)
+    for got, want in zip(values, (a, b, scale_a, scale_b)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+    code = main(["run", "--dataset", str(root), "--devices", "cpu", "--iterations", "3", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "1 passed, 0 failed, 0 skipped" in out, out

@@ -75,8 +75,9 @@ def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
                             expected_dtype: Optional[Union[DType, str]] = None, *, where: str = "") -> Path:
     """Check, from the file's header alone (no torch), that a safetensors input exists, holds
     ``tensor_key`` and has the expected shape and dtype. Returns the file's path; raises
-    BlobError naming the file, the key and what differs. For float4_e2m1 the expected last
-    dimension is the packed one (half the logical size)."""
+    BlobError naming the file, the key and what differs. safetensors stores FP4 tensors as F4
+    and counts 4-bit values: the header's last dimension is twice the torch tensor's (two values
+    per float4_e2m1fn_x2 element), whichever of the two FP4 spellings the Definition uses."""
     prefix = f"{where}: " if where else ""
     try:
         path = blob_path(root, spec.path)
@@ -93,12 +94,14 @@ def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
         raise BlobError(f"{prefix}{spec.path} has no tensor {spec.tensor_key!r} (keys: {', '.join(header) or 'none'})")
     got_dtype = _HEADER_DTYPES.get(str(entry.get("dtype")), str(entry.get("dtype")))
     want = DType(expected_dtype) if expected_dtype is not None else None
-    if want is not None and got_dtype != want.value:
+    fp4 = want in (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2)
+    if want is not None and got_dtype != want.value and not (fp4 and got_dtype == DType.FLOAT4_E2M1.value):
         raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] has dtype {got_dtype}, expected {want.value}")
     if expected_shape is not None:
         want_shape = list(expected_shape)
-        if want == DType.FLOAT4_E2M1 and want_shape:
-            want_shape[-1] = (want_shape[-1] + 1) // 2
+        if fp4 and want_shape:
+            want_shape = list(want.storage_shape(want_shape))
+            want_shape[-1] *= 2
         if list(entry.get("shape", [])) != want_shape:
             raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] has shape {tuple(entry.get('shape', []))}, "
                             f"expected {tuple(want_shape)}")
