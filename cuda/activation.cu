@@ -26,6 +26,7 @@ struct GeluTanh {
 template <typename Act>
 struct ActAndMul {
   static constexpr int kLoads = 2;  // x and its gate
+  static constexpr bool kCostlyMath = true;  // see launch_rowwise_map
   int64_t d;
   template <typename T, int VEC>
   __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {
