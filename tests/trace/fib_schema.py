@@ -14,6 +14,10 @@ import sys
 import uuid
 from pathlib import Path, PurePosixPath
 
+#: FlashInfer-Bench's DType values (flashinfer_bench/data/definition.py): FP4 only as
+#: "float4_e2m1", whose declared shape its input generator uses as the torch shape.
+FIB_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float4_e2m1", "int64", "int32",
+              "int16", "int8", "bool")
 #: FlashInfer-Bench's SupportedLanguages and SupportedBindings.
 FIB_LANGUAGES = ("python", "triton", "cpp", "cuda", "tilelang")
 FIB_BINDINGS = ("tvm-ffi", "torch")

@@ -4,8 +4,14 @@ templates generate (regenerate with `python -m opforge.trace.builtin --write pyt
 from __future__ import annotations
 
 import filecmp
+import json
+import sys
+from pathlib import Path
 
 from opforge.trace import builtin
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fib_schema import FIB_DTYPES  # noqa: E402
 
 
 def test_shipped_dataset_matches_the_templates(tmp_path):
@@ -52,3 +58,15 @@ def test_shipped_python_solutions_say_python():
     trace_set = builtin.load_builtin_trace_set()
     languages = {str(s.spec.language.value) for group in trace_set.solutions.values() for s in group}
     assert "pytorch" not in languages and "python" in languages
+
+
+def test_shipped_definitions_use_flashinfer_bench_dtypes():
+    """FlashInfer-Bench refuses a Definition file with a dtype outside its list (its from_path then
+    reads nothing of the folder): every tensor of every shipped Definition file, the NVFP4 ones
+    included (FP4 as "float4_e2m1"), uses one of its dtypes."""
+    files = sorted((builtin.builtin_dataset_path() / "definitions").rglob("*.json"))
+    assert len(files) >= 50
+    for path in files:
+        record = json.loads(path.read_text())
+        for name, spec in {**record["inputs"], **record["outputs"]}.items():
+            assert spec["dtype"] in FIB_DTYPES, (path.name, name, spec["dtype"])

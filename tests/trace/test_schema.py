@@ -60,8 +60,10 @@ def test_dtype_values_itemsize_and_torch():
 
     assert [d.value for d in DType] == ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
                                         "float4_e2m1", "float4_e2m1fn_x2", "int64", "int32", "int16", "int8", "bool"]
-    assert DType.FLOAT4_E2M1.itemsize == 0.5 and DType.INT64.itemsize == 8 and DType.BOOL.itemsize == 1
-    assert DType.FLOAT4_E2M1FN_X2.itemsize == 1  # a declared element is one byte of two values
+    assert DType.INT64.itemsize == 8 and DType.BOOL.itemsize == 1
+    # Both FP4 spellings: a declared element is one byte of two values (FlashInfer-Bench's meaning)
+    assert DType.FLOAT4_E2M1.itemsize == DType.FLOAT4_E2M1FN_X2.itemsize == 1
+    assert DType.FLOAT4_E2M1.is_fp4 and DType.FLOAT4_E2M1FN_X2.is_fp4 and not DType.FLOAT8_E4M3FN.is_fp4
     for d in DType:
         if d in (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2) and not hasattr(torch, "float4_e2m1fn_x2"):
             continue
@@ -163,7 +165,7 @@ def test_extensions():
     assert d.tolerance("nope") is None
     assert d.bytes_moved({"batch_size": 8}) == 2 * 8 * 4096 * 2 + 4096 * 2
     assert d.flop_count({"batch_size": 8}) == 4 * 8 * 4096
-    assert d.eval_expr("bfloat16 + float4_e2m1 + cdiv(hidden_size, 1000)", {}) == 2.5 + 5
+    assert d.eval_expr("bfloat16 + float4_e2m1 + cdiv(hidden_size, 1000)", {}) == 2 + 1 + 5  # itemsizes
     assert isinstance(d.value_domains["weight"], RangeDomain)
     assert d.resolve_value_domain("weight", {"batch_size": 1}) == {"kind": "range", "low": -1.0, "high": 1.0,
                                                                     "unique": False}

@@ -441,8 +441,8 @@ def test_blob_helpers(tmp_path):
 
 def test_fp4_blobs_as_safetensors_writes_them(tmp_path):
     """safetensors writes an FP4 tensor as F4 counting 4-bit values (its header's last dimension
-    is twice the torch tensor's); a blob is checked against either FP4 spelling of the Definition
-    (float4_e2m1fn_x2: the torch shape; float4_e2m1: values) and loads back bit for bit."""
+    is twice the torch tensor's); a blob is checked against the declared (torch) shape in either
+    FP4 spelling of the Definition and loads back bit for bit."""
     import torch
 
     if not hasattr(torch, "float4_e2m1fn_x2"):
@@ -452,7 +452,7 @@ def test_fp4_blobs_as_safetensors_writes_them(tmp_path):
     relative = workload_blob_relpath("gemv", "nvfp4_gemv_m3_k16", "u1")
     save_safetensors_blob(tmp_path, relative, {"a": packed})
     spec = SafetensorsInput(path=relative, tensor_key="a")
-    for dtype, shape in (("float4_e2m1fn_x2", (3, 8, 2)), ("float4_e2m1", (3, 8, 4))):
+    for dtype, shape in (("float4_e2m1fn_x2", (3, 8, 2)), ("float4_e2m1", (3, 8, 2))):
         check_safetensors_input(tmp_path, spec, shape, dtype)
         got = load_safetensors_input(tmp_path, spec, shape, dtype)
         assert got.dtype == torch.float4_e2m1fn_x2 and tuple(got.shape) == (3, 8, 2)

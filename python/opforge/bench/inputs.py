@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from ..trace import DType, RandomInput, SafetensorsInput, ScalarInput
+from ..trace import RandomInput, SafetensorsInput, ScalarInput
 from ..trace.extensions import DerivedDomain
 from .inferred_domains import as_probabilities, is_probability_input, with_inferred_domains
-
-_FP4 = (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2)
 
 
 def _blocked_128x4(scale: torch.Tensor) -> torch.Tensor:
@@ -72,9 +70,9 @@ def _random_tensor(definition, name: str, shape: tuple, spec, axis_values: dict,
         if dtype.is_floating_point:
             return (torch.rand(shape, generator=gen) * (high - low) + low).to(dtype)
         return torch.randint(int(low), int(high), shape, generator=gen).to(dtype)
-    if spec.dtype in _FP4:
+    if spec.dtype.is_fp4:
         # Uniform bytes: all 16 E2M1 codes in both nibbles (zero, -0, every sign and exponent).
-        raw = torch.randint(0, 256, spec.dtype.storage_shape(shape), generator=gen, dtype=torch.uint8)
+        raw = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
         return raw.view(dtype)
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) < 0.5
@@ -88,7 +86,7 @@ def _derived_tensor(definition, name: str, domain: DerivedDomain, source, shape:
     if not isinstance(source, torch.Tensor):
         raise ValueError(f"{definition.name}: input {name} is derived from {domain.source}, which is not a tensor")
     value = TRANSFORMS[domain.transform](source)
-    want = spec.dtype.storage_shape(shape)
+    want = tuple(shape)
     if tuple(value.shape) != want or value.dtype != spec.dtype.to_torch():
         raise ValueError(f"{definition.name}: input {name}: {domain.transform} of {domain.source} "
                          f"{tuple(source.shape)} is {tuple(value.shape)} {value.dtype}; the Definition "

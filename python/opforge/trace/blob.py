@@ -76,8 +76,8 @@ def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
     """Check, from the file's header alone (no torch), that a safetensors input exists, holds
     ``tensor_key`` and has the expected shape and dtype. Returns the file's path; raises
     BlobError naming the file, the key and what differs. safetensors stores FP4 tensors as F4
-    and counts 4-bit values: the header's last dimension is twice the torch tensor's (two values
-    per float4_e2m1fn_x2 element), whichever of the two FP4 spellings the Definition uses."""
+    and counts 4-bit values: the header's last dimension is twice the declared (torch) one, two
+    values per float4_e2m1fn_x2 element, for either FP4 spelling of the Definition."""
     prefix = f"{where}: " if where else ""
     try:
         path = blob_path(root, spec.path)
@@ -94,13 +94,12 @@ def check_safetensors_input(root: Optional[PathLike], spec: SafetensorsInput,
         raise BlobError(f"{prefix}{spec.path} has no tensor {spec.tensor_key!r} (keys: {', '.join(header) or 'none'})")
     got_dtype = _HEADER_DTYPES.get(str(entry.get("dtype")), str(entry.get("dtype")))
     want = DType(expected_dtype) if expected_dtype is not None else None
-    fp4 = want in (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2)
+    fp4 = want is not None and want.is_fp4
     if want is not None and got_dtype != want.value and not (fp4 and got_dtype == DType.FLOAT4_E2M1.value):
         raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] has dtype {got_dtype}, expected {want.value}")
     if expected_shape is not None:
         want_shape = list(expected_shape)
         if fp4 and want_shape:
-            want_shape = list(want.storage_shape(want_shape))
             want_shape[-1] *= 2
         if list(entry.get("shape", [])) != want_shape:
             raise BlobError(f"{prefix}{spec.path}[{spec.tensor_key!r}] has shape {tuple(entry.get('shape', []))}, "

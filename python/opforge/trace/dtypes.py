@@ -10,14 +10,14 @@ class DType(str, Enum):
 
     ``float8_e4m3`` (the spelling of early FlashInfer-Trace files) is read as ``float8_e4m3fn``.
 
-    Two spellings of FP4 E2M1, both ``torch.float4_e2m1fn_x2`` tensors (two values per byte, the
-    lower index in the low nibble), differ in what a declared shape counts:
-
-    * ``float4_e2m1``: 4-bit values (``itemsize`` 0.5); the tensor packs the last dimension, so
-      its torch shape halves it (``storage_shape``);
-    * ``float4_e2m1fn_x2``: packed bytes (``itemsize`` 1); the declared shape is the torch shape,
-      so the packed dimension may be any one (NVFP4 GEMV packs K, the middle of [M, K/2, L]).
-      Public FlashInfer-Trace has this spelling too.
+    FP4 E2M1 has two spellings of one meaning: ``float4_e2m1`` (FlashInfer-Bench's, the only one
+    its schema accepts) and ``float4_e2m1fn_x2`` (torch's name). Either is a
+    ``torch.float4_e2m1fn_x2`` tensor (two values per byte, the lower index in the low nibble)
+    whose declared shape is its torch shape: each element is a byte holding two values
+    (``itemsize`` 1), and the packed dimension may be any one (NVFP4 GEMV packs K, the middle of
+    [M, K/2, L]). FlashInfer-Bench builds FP4 inputs from the declared shape as it is, and the
+    public Definitions are written so (embedding_v128256_d4096_mxfp4's reference asserts its
+    [128256, 4096] weight shape).
     """
 
     FLOAT32 = "float32"
@@ -44,7 +44,7 @@ class DType(str, Enum):
 
     @property
     def itemsize(self) -> float:
-        """Bytes per element of a declared shape (0.5 for float4_e2m1, 1 for float4_e2m1fn_x2)."""
+        """Bytes per element of a declared shape (1 for FP4: an element packs two values)."""
         return _ITEMSIZE[self]
 
     @property
@@ -55,13 +55,10 @@ class DType(str, Enum):
     def is_int(self) -> bool:
         return self in (DType.INT64, DType.INT32, DType.INT16, DType.INT8)
 
-    def storage_shape(self, shape) -> tuple:
-        """The torch tensor's shape for a declared shape: float4_e2m1 halves the last dimension
-        (rounding up); every other dtype keeps it."""
-        shape = tuple(shape)
-        if self is DType.FLOAT4_E2M1 and shape:
-            return (*shape[:-1], (shape[-1] + 1) // 2)
-        return shape
+    @property
+    def is_fp4(self) -> bool:
+        """Either spelling of FP4 E2M1 (see the class doc)."""
+        return self in (DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2)
 
     def to_torch(self):
         """The torch dtype (imports torch)."""
@@ -88,7 +85,7 @@ class DType(str, Enum):
 
 _ITEMSIZE = {
     DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT8_E4M3FN: 1, DType.FLOAT8_E5M2: 1,
-    DType.FLOAT4_E2M1: 0.5, DType.FLOAT4_E2M1FN_X2: 1, DType.INT64: 8, DType.INT32: 4, DType.INT16: 2, DType.INT8: 1,
+    DType.FLOAT4_E2M1: 1, DType.FLOAT4_E2M1FN_X2: 1, DType.INT64: 8, DType.INT32: 4, DType.INT16: 2, DType.INT8: 1,
     DType.BOOL: 1,
 }
 _FLOATS = frozenset({DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.FLOAT8_E4M3FN, DType.FLOAT8_E5M2,

@@ -17,7 +17,7 @@ JSON (FlashInfer-Trace; field order as written)::
 expressions over axis names giving the bytes a call moves and its floating-point operations,
 for roofline numbers. Besides axis names they may use ``dtype_size`` (bytes per element of the
 first tensor input), ``<tensor>_itemsize`` for every tensor, the dtype names (``bfloat16`` is 2,
-``float4_e2m1`` is 0.5) and the functions in expr.FUNCTIONS.
+``float4_e2m1`` is 1: a byte of two values) and the functions in expr.FUNCTIONS.
 
 Constraints are expressions over axis names that must hold for every workload
 (``"len_indptr == batch_size + 1"``). Ones that also read input tensors

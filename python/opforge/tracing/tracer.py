@@ -354,9 +354,7 @@ def _size(nbytes: int) -> str:
 
 
 def _fits(value, shape, dtype: DType, torch_dtype) -> bool:
-    """Whether a tensor has the Definition's shape and dtype (float4's last dimension packed)."""
+    """Whether a tensor has the Definition's shape and dtype."""
     if not hasattr(value, "shape") or value.dtype != torch_dtype:
         return False
-    if dtype == DType.FLOAT4_E2M1 and shape:
-        shape = (*shape[:-1], (shape[-1] + 1) // 2)
     return tuple(value.shape) == tuple(shape)

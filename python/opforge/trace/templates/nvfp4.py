@@ -6,8 +6,9 @@ dataset names ``moe_fp8_block_scale_...`` under ``moe``). Inputs in the order ev
 kernel takes them, ``(a, b, scale_a, scale_b, scale_a_permuted, scale_b_permuted)``, output
 ``c``:
 
-* ``a`` [M, K/2, L], ``b`` [1, K/2, L]: ``float4_e2m1fn_x2``, two values per byte along K, so the
-  declared shape is the torch tensor's (the packed axis ``K_packed`` is K/2);
+* ``a`` [M, K/2, L], ``b`` [1, K/2, L]: ``float4_e2m1`` (FlashInfer-Bench's spelling; torch
+  ``float4_e2m1fn_x2`` tensors), two values per byte along K, so the declared shape is the torch
+  tensor's (the packed axis ``K_packed`` is K/2);
 * ``scale_a`` [M, K/16, L], ``scale_b`` [1, K/16, L]: FP8 E4M3 block scales, one per 16 values;
 * ``scale_a_permuted``, ``scale_b_permuted``: the same scales in the blocked 128x4 layout
   [32, 4, ceil(rows/128), 4, K/64, L] (zero padded) for kernels that read that one. Their value
@@ -40,7 +41,7 @@ FP16_MAX = 65504.0
 E2M1_MAX = max(E2M1_VALUES)
 
 _E4M3 = "float8_e4m3fn"
-_FP4X2 = "float4_e2m1fn_x2"
+_FP4X2 = "float4_e2m1"  # a torch float4_e2m1fn_x2 tensor (trace/dtypes.py)
 _BLOCKED = ["tile_rows", "tile_row_groups", "{tiles}", "tile_blocks", "K_tiles", "L"]
 
 
