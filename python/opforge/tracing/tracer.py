@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..trace.blob import workload_blob_relpath
-from ..trace.dtypes import DType
 from ..trace.errors import SchemaError, WorkloadError
 from ..trace.templates import definition_for_name
 from ..trace.workload import RandomInput, SafetensorsInput, ScalarInput, Workload
@@ -78,7 +77,7 @@ class DefinitionStats:
         # interrupted a call in the middle of being handed over.
         self.calls = self.accepted = self.kept = self.dropped = self.unfit = 0
         self.written = self.dumped = self.write_errors = 0
-        self.tensor_specs: dict = {}  # tensor input -> (DType, torch dtype)
+        self.tensor_specs: dict = {}  # tensor input -> torch dtype
 
     def as_dict(self) -> dict:
         return {"calls": self.calls, "kept": self.kept, "dumped": self.dumped, "dropped": self.dropped,
@@ -194,7 +193,7 @@ class Tracer:
             self._add_builtin_solution(definition)
         stats.definition = definition
         stats.op_type = definition.op_type
-        stats.tensor_specs = {n: (s.dtype, s.dtype.to_torch()) for n, s in definition.inputs.items()
+        stats.tensor_specs = {n: s.dtype.to_torch() for n, s in definition.inputs.items()
                               if s.shape is not None}
         stats.closed = False
         return stats
@@ -236,7 +235,7 @@ class Tracer:
                     stats.unfit += 1
                     return
                 continue
-            if not _fits(value, shapes[name], *stats.tensor_specs[name]):
+            if not _fits(value, shapes[name], stats.tensor_specs[name]):
                 stats.unfit += 1  # the op refuses such a call itself
                 return
             if not shapes_only and config.dumps(name, value):
@@ -353,8 +352,8 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-def _fits(value, shape, dtype: DType, torch_dtype) -> bool:
-    """Whether a tensor has the Definition's shape and dtype."""
+def _fits(value, shape, torch_dtype) -> bool:
+    """Whether a tensor has the Definition's shape and dtype (FP4: the declared shape is the torch shape)."""
     if not hasattr(value, "shape") or value.dtype != torch_dtype:
         return False
     return tuple(value.shape) == tuple(shape)
