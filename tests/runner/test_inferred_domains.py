@@ -89,3 +89,160 @@ def test_declared_domains_win_and_nothing_is_written_into_the_definition():
     # Nothing to infer: the Definition itself.
     other = Definition.from_dict({**SAMPLING, "op_type": "gemm", "name": "gemm_v16"})
     assert with_inferred_domains(other) is other
+
+
+# A causal prefill in the public files' form: queries aligned to the end of each request's keys
+# (query i sees keys up to i + n_kv - n_q); a request with more queries than keys leaves its
+# first queries none, and the softmax over no key is NaN.
+CAUSAL_REFERENCE = """import math
+import torch
+
+def run(q, k, v, qo_indptr, kv_indptr, sm_scale):
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], -math.inf)
+    for b in range(qo_indptr.numel() - 1):
+        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        k0, k1 = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        if q0 == q1:
+            continue
+        logits = torch.einsum("qhd,khd->hqk", q[q0:q1].double(), k[k0:k1].double()) * sm_scale
+        n_q, n_kv = q1 - q0, k1 - k0
+        mask = torch.arange(n_kv)[None, :] > torch.arange(n_q)[:, None] + (n_kv - n_q)
+        logits = logits.masked_fill(mask, -math.inf)
+        lse[q0:q1] = (torch.logsumexp(logits, -1) / math.log(2)).T.float()
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(logits, -1), v[k0:k1].double()).to(q.dtype)
+    return out, lse
+"""
+
+RAGGED_CAUSAL = {
+    "name": "gqa_ragged_prefill_causal_h2_kv1_d8", "op_type": "gqa_ragged",
+    "axes": {"total_q": {"type": "var"}, "total_kv": {"type": "var"}, "len_indptr": {"type": "var"},
+             "num_qo_heads": {"type": "const", "value": 2}, "num_kv_heads": {"type": "const", "value": 1},
+             "head_dim": {"type": "const", "value": 8}},
+    "constraints": ["total_q == qo_indptr[-1].item()", "total_kv == kv_indptr[-1].item()"],
+    "inputs": {"q": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "float32"},
+               "k": {"shape": ["total_kv", "num_kv_heads", "head_dim"], "dtype": "float32"},
+               "v": {"shape": ["total_kv", "num_kv_heads", "head_dim"], "dtype": "float32"},
+               "qo_indptr": {"shape": ["len_indptr"], "dtype": "int32"},
+               "kv_indptr": {"shape": ["len_indptr"], "dtype": "int32"},
+               "sm_scale": {"shape": None, "dtype": "float32"}},
+    "outputs": {"output": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "float32"},
+                "lse": {"shape": ["total_q", "num_qo_heads"], "dtype": "float32"}},
+    "reference": CAUSAL_REFERENCE,
+}
+
+
+def lengths(indptr: torch.Tensor) -> torch.Tensor:
+    return (indptr[1:] - indptr[:-1]).long()
+
+
+@pytest.mark.parametrize("total_q,total_kv,batch", [(12, 12, 3), (5, 40, 4), (1, 1, 6), (30, 31, 9), (0, 7, 2)])
+@pytest.mark.parametrize("seed", range(3))
+def test_causal_prefill_requests_never_have_more_queries_than_keys(total_q, total_kv, batch, seed):
+    d = Definition.from_dict(RAGGED_CAUSAL)
+    w = workload(d, total_q=total_q, total_kv=total_kv, len_indptr=batch + 1)
+    q, k, v, qo_indptr, kv_indptr, sm_scale = inputs = generate_inputs(d, w, seed=seed)
+    assert int(qo_indptr[0]) == 0 and int(qo_indptr[-1]) == total_q and bool((lengths(qo_indptr) >= 0).all())
+    assert int(kv_indptr[-1]) == total_kv
+    assert bool((lengths(qo_indptr) <= lengths(kv_indptr)).all()), (qo_indptr, kv_indptr)
+    out, lse = d.reference_fn()(*inputs)
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+
+
+def test_more_queries_than_keys_in_all_still_give_offsets_to_the_total():
+    d = Definition.from_dict(RAGGED_CAUSAL)
+    for seed in range(5):
+        _, _, _, qo_indptr, kv_indptr, _ = generate_inputs(d, workload(d, total_q=20, total_kv=6, len_indptr=4),
+                                                           seed=seed)
+        q_len, kv_len = lengths(qo_indptr), lengths(kv_indptr)
+        assert int(qo_indptr[-1]) == 20 and bool((q_len >= kv_len).all())  # each request filled, then more
+
+
+PAGED_CAUSAL_REFERENCE = """import math
+import torch
+
+def run(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale, kv_last_page_len):
+    page_size = k_cache.shape[1]
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], -math.inf)
+    for b in range(qo_indptr.numel() - 1):
+        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        if q0 == q1:
+            continue
+        pages = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
+        k = torch.cat([k_cache[p] for p in pages])  # no pages: torch.cat of nothing raises
+        v = torch.cat([v_cache[p] for p in pages])
+        n_kv = (pages.numel() - 1) * page_size + int(kv_last_page_len[b])
+        k, v = k[:n_kv], v[:n_kv]
+        n_q = q1 - q0
+        logits = torch.einsum("qhd,khd->hqk", q[q0:q1].double(), k.double()) * sm_scale
+        mask = torch.arange(n_kv)[None, :] > torch.arange(n_q)[:, None] + (n_kv - n_q)
+        logits = logits.masked_fill(mask, -math.inf)
+        lse[q0:q1] = (torch.logsumexp(logits, -1) / math.log(2)).T.float()
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(logits, -1), v.double()).to(q.dtype)
+    return out, lse
+"""
+
+PAGED_CAUSAL = {
+    "name": "gqa_paged_prefill_causal_h1_kv1_d4_ps4", "op_type": "gqa_paged",
+    "axes": {"total_q": {"type": "var"}, "num_kv_indices": {"type": "var"}, "len_indptr": {"type": "var"},
+             "num_pages": {"type": "var"}, "num_qo_heads": {"type": "const", "value": 1},
+             "num_kv_heads": {"type": "const", "value": 1}, "head_dim": {"type": "const", "value": 4},
+             "page_size": {"type": "const", "value": 4}},
+    "constraints": ["total_q == qo_indptr[-1].item()", "num_kv_indices == kv_indptr[-1].item()"],
+    "inputs": {"q": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "float32"},
+               "k_cache": {"shape": ["num_pages", "page_size", "num_kv_heads", "head_dim"], "dtype": "float32"},
+               "v_cache": {"shape": ["num_pages", "page_size", "num_kv_heads", "head_dim"], "dtype": "float32"},
+               "qo_indptr": {"shape": ["len_indptr"], "dtype": "int32"},
+               "kv_indptr": {"shape": ["len_indptr"], "dtype": "int32"},
+               "kv_indices": {"shape": ["num_kv_indices"], "dtype": "int32"},
+               # Listed before sm_scale here, after it in run's parameters (as in some public files).
+               "kv_last_page_len": {"shape": ["len_indptr"], "dtype": "int32"},
+               "sm_scale": {"shape": None, "dtype": "float32"}},
+    "outputs": {"output": {"shape": ["total_q", "num_qo_heads", "head_dim"], "dtype": "float32"},
+                "lse": {"shape": ["total_q", "num_qo_heads"], "dtype": "float32"}},
+    "reference": PAGED_CAUSAL_REFERENCE,
+}
+
+
+@pytest.mark.parametrize("total_q,pages,batch", [(12, 12, 3), (9, 6, 4), (3, 3, 3), (1, 1, 7)])
+@pytest.mark.parametrize("seed", range(3))
+def test_paged_causal_prefill_queries_fit_the_tokens_of_their_pages(total_q, pages, batch, seed):
+    """p pages hold at least (p - 1) * page_size + 1 tokens whatever the last page's fill, so
+    that many queries fit; a request with no page gets none."""
+    d = Definition.from_dict(PAGED_CAUSAL)
+    w = workload(d, total_q=total_q, num_kv_indices=pages, len_indptr=batch + 1, num_pages=16)
+    inputs = generate_inputs(d, w, seed=seed)
+    qo_indptr, kv_indptr, last = inputs[3], inputs[4], inputs[6]
+    n_pages = lengths(kv_indptr)
+    least_tokens = torch.where(n_pages > 0, (n_pages - 1) * 4 + 1, 0)
+    assert int(qo_indptr[-1]) == total_q and bool((lengths(qo_indptr) <= least_tokens).all())
+    assert bool(((last >= 1) & (last <= 4)).all())
+    out, lse = d.reference_fn()(*inputs)
+    assert bool(torch.isfinite(out).all()) and bool(torch.isfinite(lse).all())
+
+
+def test_a_reference_whose_parameters_name_the_inputs_in_another_order_gets_each_by_name():
+    d = Definition.from_dict({
+        "name": "axpy_n4", "op_type": "axpy", "axes": {"n": {"type": "const", "value": 4}},
+        "inputs": {"x": {"shape": ["n"], "dtype": "float32"}, "y": {"shape": ["n"], "dtype": "float32"},
+                   "a": {"shape": None, "dtype": "float32"}},
+        "outputs": {"out": {"shape": ["n"], "dtype": "float32"}},
+        "reference": "def run(a, x, y):\n    return a * x + y\n"})
+    x, y = torch.randn(4, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    torch.testing.assert_close(d.reference_fn()(x, y, 3.0), 3.0 * x + y)
+    # Names that are not the inputs' keep the positional call.
+    other = Definition.from_dict({**d.to_dict(), "name": "axpy2_n4", "reference": "def run(u, v, s):\n    return s * u + v\n"})
+    torch.testing.assert_close(other.reference_fn()(x, y, 3.0), 3.0 * x + y)
+
+
+def test_declared_query_offsets_within_keys_are_kept_and_checked():
+    data = {**RAGGED_CAUSAL, "value_domains": {"qo_indptr": {"kind": "indptr", "total": "total_q", "within": "kv_indptr"},
+                                               "kv_indptr": {"kind": "indptr", "total": "total_kv"}}}
+    d = Definition.from_dict(data)
+    assert Definition.from_dict(d.to_dict()).value_domains["qo_indptr"].within == "kv_indptr"
+    q_len_le_kv = []
+    for seed in range(4):
+        inputs = generate_inputs(d, workload(d, total_q=10, total_kv=10, len_indptr=5), seed=seed)
+        q_len_le_kv.append(bool((lengths(inputs[3]) <= lengths(inputs[4])).all()))
+    assert all(q_len_le_kv)

@@ -176,8 +176,52 @@ def test_value_domains_resolve_expressions():
     d = paged()
     assert isinstance(d.value_domains["kv_indptr"], IndptrDomain)
     axes = {"batch_size": 3, "num_pages": 50, "len_indptr": 4, "num_kv_indices": 20}
-    assert d.resolve_value_domain("kv_indptr", axes) == {"kind": "indptr", "total": 20}
+    assert d.resolve_value_domain("kv_indptr", axes) == {"kind": "indptr", "total": 20, "within": None,
+                                                         "page_size": None}
     assert d.resolve_value_domain("kv_indices", axes)["high"] == 50
+
+
+def _with_query_offsets(**domain) -> dict:
+    data = paged().to_dict()
+    data["inputs"]["qo_indptr"] = {"shape": ["len_indptr"], "dtype": "int32"}
+    data["reference"] = "def run(q, kv_indptr, kv_indices, sm_scale, qo_indptr):\n    return q\n"
+    data["value_domains"]["qo_indptr"] = {"kind": "indptr", "total": "batch_size", **domain}
+    return data
+
+
+def test_an_indptr_within_another_resolves_and_round_trips():
+    d = Definition.from_dict(_with_query_offsets(within="kv_indptr", page_size="head_dim // 64"))
+    axes = {"batch_size": 3, "num_pages": 50, "len_indptr": 4, "num_kv_indices": 20}
+    assert d.resolve_value_domain("qo_indptr", axes) == {"kind": "indptr", "total": 3, "within": "kv_indptr",
+                                                         "page_size": 2}
+    assert Definition.from_dict(d.to_dict()) == d
+    # Without the pairing the file keeps its old form: no within / page_size keys written.
+    assert set(paged().to_dict()["value_domains"]["kv_indptr"]) == {"kind", "total"}
+
+
+@pytest.mark.parametrize("domain,field,message", [
+    ({"within": "nope"}, "value_domains.qo_indptr.within", "'nope' is not another input"),
+    ({"within": "qo_indptr"}, "value_domains.qo_indptr.within", "is not another input"),
+    ({"within": "q"}, "value_domains.qo_indptr.within", "is not an integer input of 'qo_indptr'"),
+    ({"within": "kv_indices"}, "value_domains.qo_indptr.within", "is not an integer input of 'qo_indptr'"),
+    ({"page_size": 4}, "value_domains.qo_indptr.page_size", "page_size needs within"),
+    ({"within": "kv_indptr", "page_size": "no_such_axis"}, "value_domains.qo_indptr.page_size", "no_such_axis"),
+])
+def test_bad_within_pairings_are_schema_errors(domain, field, message):
+    with pytest.raises(SchemaError) as info:
+        Definition.from_dict(_with_query_offsets(**domain))
+    assert any(f == field and message in m for f, m in field_errors(info)), field_errors(info)
+
+
+def test_an_indptr_cannot_be_within_one_that_is_within_another_or_not_an_indptr():
+    data = _with_query_offsets(within="kv_indptr")
+    data["value_domains"]["kv_indptr"] = {"kind": "indptr", "total": "num_kv_indices", "within": "qo_indptr"}
+    with pytest.raises(SchemaError, match="must be an indptr drawn on its own"):
+        Definition.from_dict(data)
+    data = _with_query_offsets(within="kv_indptr")
+    data["value_domains"]["kv_indptr"] = {"low": 0, "high": 4}
+    with pytest.raises(SchemaError, match="must be an indptr drawn on its own"):
+        Definition.from_dict(data)
 
 
 # --- constraints and expressions ----------------------------------------------------------------

@@ -10,6 +10,11 @@ their workloads usually ship the index tensors as safetensors. Drawn at random, 
   non-decreasing from 0) ending at the total a constraint names (``num_kv_indices ==
   kv_indptr[-1]``, either side, ``.item()`` or not), else at the length of the matching
   ``*indices`` input (``kv_indptr`` -> ``kv_indices``);
+* the query offsets of a prefill (``qo_indptr``, ``q_indptr``, ``cu_seqlens_q``) beside key
+  offsets (``kv_indptr``, ``cu_seqlens_k``): segment by segment within them (``within``), so no
+  request has more query tokens than keys (a causal mask would leave its first queries none,
+  and the reference's softmax NaN); key offsets count pages of ``page_size`` where the
+  Definition has that axis;
 * an integer ``*indices`` where the Definition has a ``num_pages`` axis: page ids in
   ``[0, num_pages)``;
 * an integer ``*last_page_len`` where it has a ``page_size`` axis: ``[1, page_size]``;
@@ -25,6 +30,8 @@ import re
 from typing import Optional
 
 import torch
+
+from ..trace.extensions import IndptrDomain
 
 
 def _total_from_constraints(definition, name: str) -> Optional[str]:
@@ -52,6 +59,26 @@ def _is_offsets(name: str) -> bool:
     return name.endswith(("indptr", "offsets")) or "cu_seqlens" in name
 
 
+QUERY_OFFSETS = ("qo_indptr", "q_indptr", "cu_seqlens_q")
+KEY_OFFSETS = ("kv_indptr", "cu_seqlens_k", "cu_seqlens_kv")
+
+
+def _pair_queries_with_keys(definition, domains: dict) -> None:
+    """Put the inferred query offsets within the key offsets (see the module doc)."""
+    queries = [n for n in QUERY_OFFSETS if n in domains]
+    keys = [n for n in KEY_OFFSETS if n in definition.inputs]
+    if len(queries) != 1 or len(keys) != 1:
+        return
+    query, key = queries[0], keys[0]
+    declared = definition.value_domains.get(key)
+    drawn_alone = key in domains or (isinstance(declared, IndptrDomain) and declared.within is None)
+    if not drawn_alone or definition.inputs[query].shape != definition.inputs[key].shape:
+        return
+    domains[query] = {**domains[query], "within": key}
+    if "page_size" in definition.axes and "num_pages" in definition.axes:
+        domains[query]["page_size"] = "page_size"
+
+
 def _inferred(definition) -> dict:
     domains = {}
     axes = definition.axes
@@ -67,6 +94,7 @@ def _inferred(definition) -> dict:
             domains[name] = {"kind": "range", "low": 0, "high": "num_pages"}
         elif lowered.endswith("last_page_len") and "page_size" in axes:
             domains[name] = {"kind": "range", "low": 1, "high": "page_size + 1"}
+    _pair_queries_with_keys(definition, domains)
     return domains
 
 

@@ -48,14 +48,47 @@ def _log_uniform(shape: tuple, dtype: torch.dtype, low: float, high: float, gen:
     return values[starts[pick] + torch.minimum(within, counts[pick] - 1)].to(dtype)
 
 
-def _random_tensor(definition, name: str, shape: tuple, spec, axis_values: dict, gen: torch.Generator) -> torch.Tensor:
+def _indptr(n: int, total: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` offsets from 0 to ``total``, the inner ones uniform cuts (int64)."""
+    cuts = torch.sort(torch.randint(0, total + 1, (max(n - 2, 0),), generator=gen)).values
+    return torch.cat([torch.tensor([0]), cuts, torch.tensor([total])])[:n]
+
+
+def _indptr_within(total: int, partner: torch.Tensor, page_size, gen: torch.Generator) -> torch.Tensor:
+    """Offsets to ``total`` whose segments fit those of ``partner`` (an indptr of the same
+    length; with ``page_size``, counting pages of that many tokens, the last one at least one
+    token full). Random shares of ``total`` in proportion to each segment's room, cut to the
+    room, then what is left goes to segments with room in a random order. A ``total`` beyond
+    all the room fills every segment and spreads the excess as a plain indptr would."""
+    segments = torch.diff(partner.to("cpu", torch.int64))
+    if page_size is not None:
+        segments = torch.where(segments > 0, (segments - 1) * int(page_size) + 1, 0)
+    room = segments.clamp(min=0)
+    capacity = int(room.sum())
+    if total >= capacity:
+        lengths = room + torch.diff(_indptr(room.numel() + 1, total - capacity, gen))
+    else:
+        share = torch.rand(room.shape, generator=gen, dtype=torch.float64) * room
+        lengths = torch.minimum((share * (total / max(float(share.sum()), 1e-300))).floor().long(), room)
+        rest = total - int(lengths.sum())
+        for b in torch.randperm(room.numel(), generator=gen).tolist():
+            if rest == 0:
+                break
+            add = min(rest, int(room[b] - lengths[b]))
+            lengths[b] += add
+            rest -= add
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+
+
+def _random_tensor(definition, name: str, shape: tuple, spec, axis_values: dict, gen: torch.Generator,
+                   values: dict) -> torch.Tensor:
     dtype = spec.dtype.to_torch()
     domain = definition.resolve_value_domain(name, axis_values)
     if domain is not None and domain["kind"] == "indptr":
         n = shape[0] if shape else 1
-        total = int(domain["total"])
-        cuts = torch.sort(torch.randint(0, total + 1, (max(n - 2, 0),), generator=gen)).values
-        return torch.cat([torch.tensor([0]), cuts, torch.tensor([total])])[:n].to(dtype)
+        if domain["within"] is not None:
+            return _indptr_within(int(domain["total"]), values[domain["within"]], domain["page_size"], gen).to(dtype)
+        return _indptr(n, int(domain["total"]), gen).to(dtype)
     if domain is not None and domain["kind"] == "log_uniform":
         return _log_uniform(shape, dtype, float(domain["low"]), float(domain["high"]), gen)
     if domain is not None:
@@ -105,7 +138,7 @@ def generate_inputs(definition, workload, *, seed: int | None = None, device: st
     seed = seed if seed is not None else (workload.seed if workload.seed is not None else 0)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     values: dict = {}
-    derived = []
+    derived, paired = [], []
     for name, spec in definition.inputs.items():
         source = workload.inputs.get(name)
         if isinstance(source, ScalarInput):
@@ -118,13 +151,18 @@ def generate_inputs(definition, workload, *, seed: int | None = None, device: st
             values[name] = float(torch.randn((), generator=gen))  # a random Python scalar
         elif isinstance(definition.value_domains.get(name), DerivedDomain):
             derived.append(name)
+        elif getattr(definition.value_domains.get(name), "within", None) is not None:
+            paired.append(name)  # drawn once the indptr it fits is known
         elif isinstance(source, RandomInput) or source is None:
-            value = _random_tensor(definition, name, shapes[name] or (), spec, axis_values, gen)
+            value = _random_tensor(definition, name, shapes[name] or (), spec, axis_values, gen, values)
             if is_probability_input(definition, name):
                 value = as_probabilities(value)
             values[name] = value.to(device)
         else:
             raise ValueError(f"{definition.name}: input {name}: unsupported source {source!r}")
+    for name in paired:
+        spec = definition.inputs[name]
+        values[name] = _random_tensor(definition, name, shapes[name] or (), spec, axis_values, gen, values).to(device)
     for name in derived:
         domain = definition.value_domains[name]
         values[name] = _derived_tensor(definition, name, domain, values[domain.source], shapes[name] or (),

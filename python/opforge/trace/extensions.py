@@ -12,7 +12,13 @@ layouts). Four kinds:
   numbers or expressions over axis names. ``unique`` (integers only) asks for distinct values.
 * ``{"kind": "indptr", "total": "num_kv_indices"}``: offsets of a ragged batch for a 1-D
   integer tensor: non-decreasing, first element 0, last element ``total`` (a number or an
-  expression over axis names).
+  expression over axis names). ``"within": "kv_indptr"`` pairs it with another indptr input of
+  the same length: each segment is no longer than that input's segment of the same request, so
+  a prefill request never has more query tokens than keys (a causal mask would leave its first
+  queries none). With ``"page_size": "page_size"`` (a number or axis expression) the other
+  input counts pages: p pages hold at least ``(p - 1) * page_size + 1`` tokens (the last page
+  may be partly filled). Should ``total`` exceed what the segments can hold, each is filled to
+  its bound and the rest spread over the requests anyway.
 * ``{"kind": "log_uniform", "low": 0.001953125, "high": "sqrt(65504 / (36 * K))"}``: positive
   values of a float8 / float16 / bfloat16 input spread evenly over the binades: a power of two
   is drawn uniformly among those holding representable values in ``[low, high]`` (bounds
@@ -72,10 +78,15 @@ class RangeDomain(TraceModel):
 
 
 class IndptrDomain(TraceModel):
-    """Ragged-batch offsets: non-decreasing from 0 to ``total`` (a number or axis expression)."""
+    """Ragged-batch offsets: non-decreasing from 0 to ``total`` (a number or axis expression),
+    optionally segment by segment within another indptr input (see the module doc)."""
+
+    _omit_when_empty = ("within", "page_size")
 
     kind: Literal["indptr"] = "indptr"
     total: Union[StrictInt, str]
+    within: Optional[Annotated[str, Field(min_length=1)]] = None
+    page_size: Optional[Union[StrictInt, str]] = None
 
 
 class LogUniformDomain(TraceModel):

@@ -27,7 +27,9 @@ Constraints are expressions over axis names that must hold for every workload
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
+import inspect
 from typing import Annotated, Any, Callable, Literal, Mapping, Optional, Union
 
 from pydantic import AliasChoices, Field, StrictInt, field_validator, model_validator
@@ -172,7 +174,7 @@ class Definition(TraceModel):
             self._validate_derived(iname, domain)
             return
         if isinstance(domain, IndptrDomain):
-            bounds = [("total", domain.total)]
+            bounds = [("total", domain.total), ("page_size", domain.page_size)]
         else:
             bounds = [("low", domain.low), ("high", domain.high)]
         for key, bound in bounds:
@@ -182,6 +184,8 @@ class Definition(TraceModel):
         if isinstance(domain, IndptrDomain) and not one_d_int:
             raise SchemaError(field, f"an indptr domain needs a 1-D integer input; "
                                      f"{iname!r} is {spec.shape} {spec.dtype.value}")
+        if isinstance(domain, IndptrDomain):
+            self._validate_within(iname, domain)
         if isinstance(domain, (RangeDomain, LogUniformDomain)):
             if _expr.is_number(domain.low) and _expr.is_number(domain.high) and not domain.low < domain.high:
                 raise SchemaError(field, f"low ({domain.low}) must be below high ({domain.high})")
@@ -202,6 +206,24 @@ class Definition(TraceModel):
         if sorted(order) != list(range(len(spec.shape))):
             raise SchemaError(field, f"expected the {len(spec.shape)} dimensions of {iname!r} {spec.shape}, "
                                      f"outermost first, each once; got {order}")
+
+    def _validate_within(self, iname: str, domain: IndptrDomain) -> None:
+        field = f"value_domains.{iname}.within"
+        if domain.within is None:
+            if domain.page_size is not None:
+                raise SchemaError(f"value_domains.{iname}.page_size", "page_size needs within (the indptr it counts)")
+            return
+        other = self.inputs.get(domain.within)
+        if other is None or domain.within == iname:
+            raise SchemaError(field, f"{domain.within!r} is not another input (inputs: {', '.join(self.inputs)})")
+        spec = self.inputs[iname]
+        if not other.dtype.is_int or other.shape is None or list(other.shape) != list(spec.shape or ()):
+            raise SchemaError(field, f"{domain.within!r} ({other.shape} {other.dtype.value}) is not an integer "
+                                     f"input of {iname!r}'s shape {spec.shape}")
+        paired = self.value_domains.get(domain.within)
+        if paired is not None and (not isinstance(paired, IndptrDomain) or paired.within is not None):
+            raise SchemaError(field, f"{domain.within!r} must be an indptr drawn on its own (an indptr domain "
+                                     f"without within, or none)")
 
     def _validate_derived(self, iname: str, domain: DerivedDomain) -> None:
         field = f"value_domains.{iname}.source"
@@ -334,7 +356,8 @@ class Definition(TraceModel):
             return None
         value = lambda b: self.eval_expr(b, axis_values) if isinstance(b, str) else b  # noqa: E731
         if isinstance(domain, IndptrDomain):
-            return {"kind": "indptr", "total": int(value(domain.total))}
+            page_size = None if domain.page_size is None else int(value(domain.page_size))
+            return {"kind": "indptr", "total": int(value(domain.total)), "within": domain.within, "page_size": page_size}
         if isinstance(domain, DerivedDomain):
             return {"kind": "derived", "source": domain.source, "transform": domain.transform}
         if isinstance(domain, LogUniformDomain):
@@ -397,7 +420,28 @@ class Definition(TraceModel):
         run = namespace.get("run")
         if not callable(run):
             raise ValueError(f"{self.name}: reference defines no callable 'run'")
-        return run
+        return self._in_input_order(run)
+
+    def _in_input_order(self, run: Callable) -> Callable:
+        """``run`` taking its values in the inputs' order. A reference whose parameters carry
+        the inputs' names in another order (some public files list ``sm_scale`` last in one and
+        not the other) gets them by name, as solutions with named parameters do; the
+        positional call would hand each value to the wrong parameter."""
+        try:
+            params = list(inspect.signature(run).parameters.values())
+        except (TypeError, ValueError):
+            return run
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        inputs = list(self.inputs)
+        if names == inputs or sorted(names) != sorted(inputs) or len(names) != len(params):
+            return run
+        if any(p.kind is p.POSITIONAL_ONLY for p in params):
+            return run
+
+        @functools.wraps(run)
+        def by_name(*values):
+            return run(**dict(zip(inputs, values)))
+        return by_name
 
     def tolerance(self, output: str) -> Optional[Tolerance]:
         return self.tolerances.get(output)
