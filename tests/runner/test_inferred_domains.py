@@ -246,3 +246,17 @@ def test_declared_query_offsets_within_keys_are_kept_and_checked():
         inputs = generate_inputs(d, workload(d, total_q=10, total_kv=10, len_indptr=5), seed=seed)
         q_len_le_kv.append(bool((lengths(inputs[3]) <= lengths(inputs[4])).all()))
     assert all(q_len_le_kv)
+
+
+@pytest.mark.parametrize("name,axis,size", [("input_ids", "vocab_size", 11), ("topk_ids", "num_experts", 5),
+                                            ("expert_ids", "num_local_experts", 3)])
+def test_ids_stay_within_the_axis_they_count(name, axis, size):
+    d = Definition.from_dict({
+        "name": f"lookup_{name}", "op_type": "lookup",
+        "axes": {"n": {"type": "var"}, axis: {"type": "const", "value": size}, "d": {"type": "const", "value": 2}},
+        "inputs": {name: {"shape": ["n"], "dtype": "int64"}, "table": {"shape": [axis, "d"], "dtype": "float32"}},
+        "outputs": {"out": {"shape": ["n", "d"], "dtype": "float32"}},
+        "reference": f"def run({name}, table):\n    assert int({name}.min()) >= 0\n    return table[{name}]\n"})
+    ids, table = generate_inputs(d, workload(d, n=400), seed=1)
+    assert int(ids.min()) == 0 and int(ids.max()) == size - 1  # the whole range, nothing outside
+    assert d.reference_fn()(ids, table).shape == (400, 2)

@@ -59,8 +59,11 @@ def test_dtype_values_itemsize_and_torch():
     import torch
 
     assert [d.value for d in DType] == ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-                                        "float4_e2m1", "float4_e2m1fn_x2", "int64", "int32", "int16", "int8", "bool"]
+                                        "float4_e2m1", "float4_e2m1fn_x2", "int64", "int32", "int16", "int8", "uint8",
+                                        "bool"]
     assert DType.INT64.itemsize == 8 and DType.BOOL.itemsize == 1
+    # Raw bytes (packed FP4 pairs, E8M0 scales) as some public MoE Definitions declare them.
+    assert DType.UINT8.is_int and DType.UINT8.itemsize == 1 and DType.UINT8.to_torch() is torch.uint8
     # Both FP4 spellings: a declared element is one byte of two values (FlashInfer-Bench's meaning)
     assert DType.FLOAT4_E2M1.itemsize == DType.FLOAT4_E2M1FN_X2.itemsize == 1
     assert DType.FLOAT4_E2M1.is_fp4 and DType.FLOAT4_E2M1FN_X2.is_fp4 and not DType.FLOAT8_E4M3FN.is_fp4

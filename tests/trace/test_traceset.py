@@ -373,7 +373,7 @@ def test_error_text_names_file_line_and_field(dataset):
     texts = [str(e) for e in ts.load_errors]
     assert texts[0].startswith("definitions/rmsnorm/rmsnorm_h4096.json: inputs.weight.dtype: 'float99' is not one of "
                                "float32, float16, bfloat16, float8_e4m3fn, float8_e5m2, float4_e2m1, float4_e2m1fn_x2, int64, int32, "
-                               "int16, int8, bool")
+                               "int16, int8, uint8, bool")
     malformed = [e for e in ts.load_errors if e.path == WL]
     assert [(e.line, e.field) for e in malformed] == [(3, None)]
     assert str(malformed[0]).startswith("workloads/rmsnorm/rmsnorm_d128.jsonl:3: malformed JSON: ")

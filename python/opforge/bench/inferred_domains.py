@@ -18,6 +18,9 @@ their workloads usually ship the index tensors as safetensors. Drawn at random, 
 * an integer ``*indices`` where the Definition has a ``num_pages`` axis: page ids in
   ``[0, num_pages)``;
 * an integer ``*last_page_len`` where it has a ``page_size`` axis: ``[1, page_size]``;
+* integer ids (``input_ids``, ``topk_ids``, ``expert_ids``...) where the Definition has the axis
+  they count: experts (``num_experts``, ``num_local_experts``) for expert and top-k ids, else
+  the vocabulary (``vocab_size``): ``[0, axis)``;
 * a floating ``probs`` of a ``sampling`` Definition: drawn standard normal, then normalised
   with a softmax along the last dimension (as FlashInfer-Bench does).
 
@@ -59,6 +62,15 @@ def _is_offsets(name: str) -> bool:
     return name.endswith(("indptr", "offsets")) or "cu_seqlens" in name
 
 
+def _ids_axis(name: str, axes) -> Optional[str]:
+    """The axis that ids named ``name`` count (see the module doc), if the Definition has it."""
+    experts = "expert" in name or "topk" in name or "top_k" in name
+    for axis in (("num_experts", "num_local_experts") if experts else ("vocab_size",)):
+        if axis in axes:
+            return axis
+    return None
+
+
 QUERY_OFFSETS = ("qo_indptr", "q_indptr", "cu_seqlens_q")
 KEY_OFFSETS = ("kv_indptr", "cu_seqlens_k", "cu_seqlens_kv")
 
@@ -94,6 +106,8 @@ def _inferred(definition) -> dict:
             domains[name] = {"kind": "range", "low": 0, "high": "num_pages"}
         elif lowered.endswith("last_page_len") and "page_size" in axes:
             domains[name] = {"kind": "range", "low": 1, "high": "page_size + 1"}
+        elif lowered.endswith("ids") and (counted := _ids_axis(lowered, axes)) is not None:
+            domains[name] = {"kind": "range", "low": 0, "high": counted}
     _pair_queries_with_keys(definition, domains)
     return domains
 

@@ -38,7 +38,7 @@ def blob_path(root: Optional[PathLike], relative: str) -> Path:
 _HEADER_DTYPES = {
     "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2", "F4": "float4_e2m1", "I64": "int64", "I32": "int32", "I16": "int16",
-    "I8": "int8", "BOOL": "bool",
+    "I8": "int8", "U8": "uint8", "BOOL": "bool",
 }
 
 

@@ -18,6 +18,9 @@ class DType(str, Enum):
     [M, K/2, L]). FlashInfer-Bench builds FP4 inputs from the declared shape as it is, and the
     public Definitions are written so (embedding_v128256_d4096_mxfp4's reference asserts its
     [128256, 4096] weight shape).
+
+    ``uint8`` (raw bytes: packed FP4 pairs or E8M0 scales, as some public MoE Definitions declare
+    them) is not in FlashInfer-Bench 0.1.2's list; opforge reads it.
     """
 
     FLOAT32 = "float32"
@@ -31,6 +34,7 @@ class DType(str, Enum):
     INT32 = "int32"
     INT16 = "int16"
     INT8 = "int8"
+    UINT8 = "uint8"
     BOOL = "bool"
 
     @classmethod
@@ -53,7 +57,7 @@ class DType(str, Enum):
 
     @property
     def is_int(self) -> bool:
-        return self in (DType.INT64, DType.INT32, DType.INT16, DType.INT8)
+        return self in (DType.INT64, DType.INT32, DType.INT16, DType.INT8, DType.UINT8)
 
     @property
     def is_fp4(self) -> bool:
@@ -86,7 +90,7 @@ class DType(str, Enum):
 _ITEMSIZE = {
     DType.FLOAT32: 4, DType.FLOAT16: 2, DType.BFLOAT16: 2, DType.FLOAT8_E4M3FN: 1, DType.FLOAT8_E5M2: 1,
     DType.FLOAT4_E2M1: 1, DType.FLOAT4_E2M1FN_X2: 1, DType.INT64: 8, DType.INT32: 4, DType.INT16: 2, DType.INT8: 1,
-    DType.BOOL: 1,
+    DType.UINT8: 1, DType.BOOL: 1,
 }
 _FLOATS = frozenset({DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.FLOAT8_E4M3FN, DType.FLOAT8_E5M2,
                      DType.FLOAT4_E2M1, DType.FLOAT4_E2M1FN_X2})
@@ -94,5 +98,5 @@ _TORCH_NAMES = {
     DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16",
     DType.FLOAT8_E4M3FN: "float8_e4m3fn", DType.FLOAT8_E5M2: "float8_e5m2",
     DType.FLOAT4_E2M1: "float4_e2m1fn_x2", DType.FLOAT4_E2M1FN_X2: "float4_e2m1fn_x2", DType.INT64: "int64", DType.INT32: "int32",
-    DType.INT16: "int16", DType.INT8: "int8", DType.BOOL: "bool",
+    DType.INT16: "int16", DType.INT8: "int8", DType.UINT8: "uint8", DType.BOOL: "bool",
 }
