@@ -260,3 +260,45 @@ def test_ids_stay_within_the_axis_they_count(name, axis, size):
     ids, table = generate_inputs(d, workload(d, n=400), seed=1)
     assert int(ids.min()) == 0 and int(ids.max()) == size - 1  # the whole range, nothing outside
     assert d.reference_fn()(ids, table).shape == (400, 2)
+
+
+def test_indices_into_a_pool_that_another_input_holds_stay_in_it():
+    """A state pool indexed per request (recurrent-state decode: ``initial_state_indices`` into
+    ``initial_state``, ``state_batch_indices`` into ``state``)."""
+    d = Definition.from_dict({
+        "name": "state_update_d2", "op_type": "ssm",
+        "axes": {"batch_size": {"type": "var"}, "pool": {"type": "var"}, "d": {"type": "const", "value": 2}},
+        "inputs": {"state": {"shape": ["pool", "d"], "dtype": "float32"},
+                   "x": {"shape": ["batch_size", "d"], "dtype": "float32"},
+                   "state_batch_indices": {"shape": ["batch_size"], "dtype": "int32"},
+                   "initial_state_idx": {"shape": ["batch_size"], "dtype": "int64"}},
+        "outputs": {"out": {"shape": ["batch_size", "d"], "dtype": "float32"}},
+        "reference": "def run(state, x, state_batch_indices, initial_state_idx):\n"
+                     "    return state[state_batch_indices.long()] + x\n"})
+    for seed in range(3):
+        state, x, slots, unrelated = generate_inputs(d, workload(d, batch_size=64, pool=5), seed=seed)
+        assert 0 <= int(slots.min()) and int(slots.max()) < 5 and int(slots.max()) == 4
+        assert d.reference_fn()(state, x, slots, unrelated).shape == (64, 2)
+        assert int(unrelated.min()) < 0  # no input named initial_state: no domain, plain draw
+
+
+def test_a_block_table_and_sequence_lengths_fit_the_paged_layout():
+    d = Definition.from_dict({
+        "name": "paged_gather_ps4", "op_type": "paged",
+        "axes": {"batch_size": {"type": "var"}, "num_pages": {"type": "var"}, "max_num_pages": {"type": "var"},
+                 "page_size": {"type": "const", "value": 4}, "d": {"type": "const", "value": 2}},
+        "inputs": {"cache": {"shape": ["num_pages", "page_size", "d"], "dtype": "float32"},
+                   "seq_lens": {"shape": ["batch_size"], "dtype": "int32"},
+                   "block_table": {"shape": ["batch_size", "max_num_pages"], "dtype": "int32"}},
+        "outputs": {"out": {"shape": ["batch_size", "d"], "dtype": "float32"}},
+        "reference": ("import torch\n\ndef run(cache, seq_lens, block_table):\n"
+                      "    rows = []\n"
+                      "    for b in range(seq_lens.numel()):\n"
+                      "        n = int(seq_lens[b])\n"
+                      "        pages = block_table[b, : (n + 3) // 4].long()\n"
+                      "        rows.append(cache[pages].reshape(-1, 2)[:n].sum(0))\n"
+                      "    return torch.stack(rows)\n")})
+    cache, lens, table = inputs = generate_inputs(d, workload(d, batch_size=50, num_pages=7, max_num_pages=3), seed=0)
+    assert 1 <= int(lens.min()) and int(lens.max()) <= 12 and int(lens.max()) == 12
+    assert 0 <= int(table.min()) and int(table.max()) < 7
+    assert torch.isfinite(d.reference_fn()(*inputs)).all()

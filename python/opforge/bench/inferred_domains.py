@@ -18,6 +18,12 @@ their workloads usually ship the index tensors as safetensors. Drawn at random, 
 * an integer ``*indices`` where the Definition has a ``num_pages`` axis: page ids in
   ``[0, num_pages)``;
 * an integer ``*last_page_len`` where it has a ``page_size`` axis: ``[1, page_size]``;
+* integer ``*indices`` (or ``*_idx``) into a pool that another input holds, named by what is
+  left of the name (``initial_state_indices`` -> ``initial_state``, ``state_batch_indices`` ->
+  ``state``): ``[0, that input's first axis)``; a ``block_table`` / ``page_table`` where the
+  Definition has a ``num_pages`` axis: page ids in range;
+* sequence lengths (``seq_lens``) of a paged layout: ``[1, max_num_pages * page_size]`` (or
+  ``[1, max_seq_len]``);
 * integer ids (``input_ids``, ``topk_ids``, ``expert_ids``...) where the Definition has the axis
   they count: experts (``num_experts``, ``num_local_experts``) for expert and top-k ids, else
   the vocabulary (``vocab_size``): ``[0, axis)``;
@@ -60,6 +66,23 @@ def _indices_length(definition, name: str) -> Optional[str]:
 
 def _is_offsets(name: str) -> bool:
     return name.endswith(("indptr", "offsets")) or "cu_seqlens" in name
+
+
+def _pool_axis(definition, name: str) -> Optional[str]:
+    """The first axis of the input that ``name`` (``X_indices``, ``X_batch_indices``, ``X_idx``)
+    indexes into, if the Definition has an input ``X`` whose first dimension is an axis."""
+    for suffix in ("_batch_indices", "_indices", "_idx"):
+        if name.lower().endswith(suffix):
+            pool = definition.inputs.get(name[: -len(suffix)])
+            if pool is not None and pool.shape and pool.shape[0] in definition.axes:
+                return pool.shape[0]
+    return None
+
+
+def _longest_sequence(axes) -> Optional[str]:
+    if "max_num_pages" in axes and "page_size" in axes:
+        return "max_num_pages * page_size"
+    return "max_seq_len" if "max_seq_len" in axes else None
 
 
 def _ids_axis(name: str, axes) -> Optional[str]:
@@ -106,6 +129,12 @@ def _inferred(definition) -> dict:
             domains[name] = {"kind": "range", "low": 0, "high": "num_pages"}
         elif lowered.endswith("last_page_len") and "page_size" in axes:
             domains[name] = {"kind": "range", "low": 1, "high": "page_size + 1"}
+        elif lowered in ("block_table", "block_tables", "page_table") and "num_pages" in axes:
+            domains[name] = {"kind": "range", "low": 0, "high": "num_pages"}
+        elif lowered.endswith(("indices", "_idx")) and (pool := _pool_axis(definition, name)) is not None:
+            domains[name] = {"kind": "range", "low": 0, "high": pool}
+        elif lowered.endswith(("seq_lens", "seqlens")) and (longest := _longest_sequence(axes)) is not None:
+            domains[name] = {"kind": "range", "low": 1, "high": f"{longest} + 1"}
         elif lowered.endswith("ids") and (counted := _ids_axis(lowered, axes)) is not None:
             domains[name] = {"kind": "range", "low": 0, "high": counted}
     _pair_queries_with_keys(definition, domains)
