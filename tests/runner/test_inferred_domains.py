@@ -302,3 +302,48 @@ def test_a_block_table_and_sequence_lengths_fit_the_paged_layout():
     assert 1 <= int(lens.min()) and int(lens.max()) <= 12 and int(lens.max()) == 12
     assert 0 <= int(table.min()) and int(table.max()) < 7
     assert torch.isfinite(d.reference_fn()(*inputs)).all()
+
+
+def _scalar_definition(scalars: dict, axes: dict, reference: str, domains=None) -> Definition:
+    return Definition.from_dict({
+        "name": "scalars_n4", "op_type": "scalars", "axes": {"n": {"type": "const", "value": 4}, **axes},
+        "inputs": {"x": {"shape": ["n"], "dtype": "float32"},
+                   **{name: {"shape": None, "dtype": dtype} for name, dtype in scalars.items()}},
+        "outputs": {"out": {"shape": ["n"], "dtype": "float32"}},
+        "reference": reference, **({"value_domains": domains} if domains else {})})
+
+
+def test_scalars_are_drawn_in_their_dtype_and_an_integer_that_names_an_axis_is_its_value():
+    d = _scalar_definition({"k": "int64", "num_samples": "int32", "flag": "bool", "scale": "float32"},
+                           {"k": {"type": "const", "value": 3}, "num_samples_out": {"type": "const", "value": 1}},
+                           "def run(x, k, num_samples, flag, scale):\n    return x * k\n")
+    for seed in range(6):
+        _, k, num_samples, flag, scale = generate_inputs(d, workload(d), seed=seed)
+        assert type(k) is int and k == 3  # the top-k's k axis
+        assert type(num_samples) is int and num_samples == 1  # num_samples_out
+        assert type(flag) is bool and type(scale) is float
+    other = _scalar_definition({"count": "int64"}, {}, "def run(x, count):\n    return x\n")
+    counts = {generate_inputs(other, workload(other), seed=s)[1] for s in range(20)}
+    assert counts <= set(range(1, 9)) and len(counts) > 1  # small, positive, random
+
+
+def test_a_declared_range_bounds_a_scalar():
+    d = _scalar_definition({"eps": "float32", "k": "int64"}, {}, "def run(x, eps, k):\n    return x\n",
+                           domains={"eps": {"low": 1e-6, "high": 1e-5}, "k": {"low": 10, "high": 12}})
+    for seed in range(10):
+        _, eps, k = generate_inputs(d, workload(d), seed=seed)
+        assert 1e-6 <= eps < 1e-5 and k in (10, 11)
+
+
+def test_positions_index_the_rotary_cache():
+    d = Definition.from_dict({
+        "name": "rope_lookup_d2", "op_type": "rope",
+        "axes": {"num_tokens": {"type": "var"}, "max_seq_len": {"type": "var"}, "d": {"type": "const", "value": 2}},
+        "inputs": {"cos_sin_cache": {"shape": ["max_seq_len", "d"], "dtype": "float32"},
+                   "positions": {"shape": ["num_tokens"], "dtype": "int64"}},
+        "outputs": {"out": {"shape": ["num_tokens", "d"], "dtype": "float32"}},
+        "reference": "def run(cos_sin_cache, positions):\n    assert int(positions.min()) >= 0\n"
+                     "    return cos_sin_cache[positions]\n"})
+    cache, positions = generate_inputs(d, workload(d, num_tokens=100, max_seq_len=9), seed=0)
+    assert int(positions.min()) == 0 and int(positions.max()) == 8
+    assert d.reference_fn()(cache, positions).shape == (100, 2)

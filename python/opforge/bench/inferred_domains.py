@@ -24,6 +24,8 @@ their workloads usually ship the index tensors as safetensors. Drawn at random, 
   Definition has a ``num_pages`` axis: page ids in range;
 * sequence lengths (``seq_lens``) of a paged layout: ``[1, max_num_pages * page_size]`` (or
   ``[1, max_seq_len]``);
+* token positions (``positions``, ``position_ids``) within ``max_seq_len`` (or
+  ``max_position``);
 * integer ids (``input_ids``, ``topk_ids``, ``expert_ids``...) where the Definition has the axis
   they count: experts (``num_experts``, ``num_local_experts``) for expert and top-k ids, else
   the vocabulary (``vocab_size``): ``[0, axis)``;
@@ -85,6 +87,20 @@ def _longest_sequence(axes) -> Optional[str]:
     return "max_seq_len" if "max_seq_len" in axes else None
 
 
+def _position_axis(axes) -> Optional[str]:
+    return next((a for a in ("max_seq_len", "max_position", "max_position_embeddings") if a in axes), None)
+
+
+def scalar_axis(definition, name: str) -> Optional[str]:
+    """The axis an integer scalar input states, when the Definition fixes it: the axis of the
+    same name (``k`` of a top-k beside its ``k`` axis), else the one axis whose name holds the
+    input's (``num_samples`` beside ``num_samples_out``)."""
+    if name in definition.axes:
+        return name
+    holding = [a for a in definition.axes if name in a]
+    return holding[0] if len(holding) == 1 else None
+
+
 def _ids_axis(name: str, axes) -> Optional[str]:
     """The axis that ids named ``name`` count (see the module doc), if the Definition has it."""
     experts = "expert" in name or "topk" in name or "top_k" in name
@@ -135,6 +151,8 @@ def _inferred(definition) -> dict:
             domains[name] = {"kind": "range", "low": 0, "high": pool}
         elif lowered.endswith(("seq_lens", "seqlens")) and (longest := _longest_sequence(axes)) is not None:
             domains[name] = {"kind": "range", "low": 1, "high": f"{longest} + 1"}
+        elif lowered.endswith(("positions", "position_ids")) and (longest := _position_axis(axes)) is not None:
+            domains[name] = {"kind": "range", "low": 0, "high": longest}
         elif lowered.endswith("ids") and (counted := _ids_axis(lowered, axes)) is not None:
             domains[name] = {"kind": "range", "low": 0, "high": counted}
     _pair_queries_with_keys(definition, domains)

@@ -6,7 +6,7 @@ values spread over binades (log_uniform), and inputs derived from another input 
 rearrangement, never random). Definitions that declare none (FlashInfer-Trace's public ones) get
 the obvious ones from their input names and constraints (inferred_domains.py). Without a domain:
 standard normal floats, uniform bools, and for FP4 E2M1 uniform bytes (every code in both
-nibbles). Scalars come from the workload;
+nibbles). Scalars come from the workload, else are drawn in their dtype (_random_scalar);
 safetensors inputs are loaded and shape-checked through the TraceSet. The same (definition,
 workload, seed) always gives the same values, on every device.
 """
@@ -17,7 +17,7 @@ import torch
 
 from ..trace import RandomInput, SafetensorsInput, ScalarInput
 from ..trace.extensions import DerivedDomain
-from .inferred_domains import as_probabilities, is_probability_input, with_inferred_domains
+from .inferred_domains import as_probabilities, is_probability_input, scalar_axis, with_inferred_domains
 
 
 def _blocked_128x4(scale: torch.Tensor) -> torch.Tensor:
@@ -115,6 +115,23 @@ def _random_tensor(definition, name: str, shape: tuple, spec, axis_values: dict,
     return torch.randint(max(info.min, -128), min(info.max, 127) + 1, shape, generator=gen).to(dtype)
 
 
+def _random_scalar(definition, name: str, spec, axis_values: dict, gen: torch.Generator):
+    """A Python scalar of the input's dtype: within its declared range if any; an integer that
+    names an axis (``k`` beside a ``k`` axis, see inferred_domains.scalar_axis) is that axis's
+    value; other integers small and positive, bools either way, floats standard normal."""
+    domain = definition.resolve_value_domain(name, axis_values)
+    if spec.dtype.value == "bool":
+        return bool(torch.randint(0, 2, (), generator=gen))
+    if spec.dtype.is_int:
+        if domain is not None and domain["kind"] == "range":
+            return int(torch.randint(int(domain["low"]), int(domain["high"]), (), generator=gen))
+        axis = scalar_axis(definition, name)
+        return int(axis_values[axis]) if axis is not None else int(torch.randint(1, 9, (), generator=gen))
+    if domain is not None and domain["kind"] == "range":
+        return float(domain["low"] + torch.rand((), generator=gen, dtype=torch.float64) * (domain["high"] - domain["low"]))
+    return float(torch.randn((), generator=gen))
+
+
 def _derived_tensor(definition, name: str, domain: DerivedDomain, source, shape: tuple, spec) -> torch.Tensor:
     if not isinstance(source, torch.Tensor):
         raise ValueError(f"{definition.name}: input {name} is derived from {domain.source}, which is not a tensor")
@@ -148,7 +165,7 @@ def generate_inputs(definition, workload, *, seed: int | None = None, device: st
                 raise ValueError(f"{definition.name}: input {name} is a safetensors blob; pass the TraceSet")
             values[name] = trace_set.load_input_tensor(definition.name, workload, name, device=device)
         elif (isinstance(source, RandomInput) or source is None) and spec.shape is None:
-            values[name] = float(torch.randn((), generator=gen))  # a random Python scalar
+            values[name] = _random_scalar(definition, name, spec, axis_values, gen)
         elif isinstance(definition.value_domains.get(name), DerivedDomain):
             derived.append(name)
         elif getattr(definition.value_domains.get(name), "within", None) is not None:
