@@ -73,11 +73,19 @@ def test_offsets_end_at_the_total_a_constraint_names_and_the_reference_runs():
     assert d.reference_fn()(x, cu).shape == (5, 4)
 
 
-def test_sampling_probabilities_are_a_distribution():
-    d = Definition.from_dict(SAMPLING)
+@pytest.mark.parametrize("op_type,name", [("sampling", "probs"), ("multinomial", "probs"), ("sampling", "draft_probs")])
+def test_sampling_probabilities_are_a_distribution(op_type, name):
+    """By name, whatever the op_type (the public multinomial Definition's is not 'sampling')."""
+    data = {**SAMPLING, "op_type": op_type, "inputs": {name: SAMPLING["inputs"]["probs"]},
+            "reference": SAMPLING["reference"].replace("probs", name)}
+    d = Definition.from_dict(data)
     (probs,) = generate_inputs(d, workload(d, batch_size=3), seed=0)
     assert bool((probs >= 0).all()) and torch.allclose(probs.sum(-1), torch.ones(3))
     assert d.reference_fn()(probs).shape == (3,)
+    logits = Definition.from_dict({**data, "inputs": {"logits": SAMPLING["inputs"]["probs"]},
+                                   "reference": "def run(logits):\n    return logits.argmax(-1)\n"})
+    (raw,) = generate_inputs(logits, workload(logits, batch_size=3), seed=0)
+    assert bool((raw < 0).any())  # not a probability by name: left as drawn
 
 
 def test_declared_domains_win_and_nothing_is_written_into_the_definition():

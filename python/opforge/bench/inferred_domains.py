@@ -29,7 +29,8 @@ their workloads usually ship the index tensors as safetensors. Drawn at random, 
 * integer ids (``input_ids``, ``topk_ids``, ``expert_ids``...) where the Definition has the axis
   they count: experts (``num_experts``, ``num_local_experts``) for expert and top-k ids, else
   the vocabulary (``vocab_size``): ``[0, axis)``;
-* a floating ``probs`` of a ``sampling`` Definition: drawn standard normal, then normalised
+* a floating ``probs`` (or ``*_probs``), in any Definition (the public multinomial one is not
+  of op_type ``sampling``, where FlashInfer-Bench looks): drawn standard normal, then normalised
   with a softmax along the last dimension (as FlashInfer-Bench does).
 
 Declared domains always win; nothing is written into the Definition.
@@ -182,7 +183,7 @@ def with_inferred_domains(definition):
 
 def is_probability_input(definition, name: str) -> bool:
     spec = definition.inputs[name]
-    return (definition.op_type == "sampling" and name == "probs" and name not in definition.value_domains
+    return ((name == "probs" or name.endswith("_probs")) and name not in definition.value_domains
             and spec.shape is not None and spec.dtype.to_torch().is_floating_point)
 
 
