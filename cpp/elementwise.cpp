@@ -46,7 +46,7 @@ void scale(nb::handle out_obj, nb::handle input_obj, double factor, uintptr_t st
   const TensorArg input = tensor_arg(ctx, input_obj, "x");
   const RowView x = row_view(ctx, input);
   check_device_supported(ctx, x);
-  const TensorArg out = tensor_arg(ctx, out_obj, "out");
+  const TensorArg out = tensor_arg_or_same(ctx, out_obj, "out", input_obj, input);
   const RowView o = row_view(ctx, out);
   check_same_dtype_device(ctx, x, o);
   check_same_shape(ctx, input, out);

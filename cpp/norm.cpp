@@ -77,7 +77,7 @@ void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb:
                       "; expected (" + std::to_string(x.cols) + ",), the hidden size of input " +
                       shape_string(input));
   }
-  const TensorArg out = tensor_arg(ctx, out_obj, "out");
+  const TensorArg out = tensor_arg_or_same(ctx, out_obj, "out", input_obj, input);
   const RowView o = row_view(ctx, out);
   check_same_dtype_device(ctx, x, o);
   check_same_shape(ctx, input, out);
@@ -110,7 +110,7 @@ void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb:
   if (add) {
     if (residual_out_obj.is_none()) throw_value_error(std::string("opforge.") + ctx.op + ": residual_out is required");
     const TensorArg residual = tensor_arg(ctx, residual_obj, "residual");
-    const TensorArg residual_out = tensor_arg(ctx, residual_out_obj, "residual_out");
+    const TensorArg residual_out = tensor_arg_or_same(ctx, residual_out_obj, "residual_out", residual_obj, residual);
     const RowView r = row_view(ctx, residual);
     const RowView ro = row_view(ctx, residual_out);
     check_same_dtype_device(ctx, x, r);

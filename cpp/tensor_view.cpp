@@ -124,18 +124,18 @@ TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name) {
                      nb::str(obj.type().attr("__name__")).c_str());
   }
   // Autograd cannot see through the kernels: a tensor that needs grad while grad mode is on is
-  // refused rather than given a result without a gradient (no_grad / inference_mode calls pay
-  // one call here).
-  PyObject* grad_mode = PyObject_Vectorcall(torch_bridge.is_grad_enabled, nullptr, 0, nullptr);
-  if (!grad_mode) throw nb::python_error();
-  const bool grad_on = grad_mode == Py_True;
-  Py_DECREF(grad_mode);
-  if (grad_on) {
-    PyObject* needs = PyObject_GetAttr(obj.ptr(), torch_bridge.requires_grad);
-    if (!needs) throw nb::python_error();
-    const bool refuse = needs == Py_True;
-    Py_DECREF(needs);
-    if (refuse) {
+  // refused rather than given a result without a gradient. The tensor's flag first: grad mode
+  // (a Python call) is asked only for the rare tensor that requires grad.
+  PyObject* needs = PyObject_GetAttr(obj.ptr(), torch_bridge.requires_grad);
+  if (!needs) throw nb::python_error();
+  const bool requires_grad = needs == Py_True;
+  Py_DECREF(needs);
+  if (requires_grad) {
+    PyObject* grad_mode = PyObject_Vectorcall(torch_bridge.is_grad_enabled, nullptr, 0, nullptr);
+    if (!grad_mode) throw nb::python_error();
+    const bool grad_on = grad_mode == Py_True;
+    Py_DECREF(grad_mode);
+    if (grad_on) {
       throw_value_error(std::string("opforge.") + ctx.op + ": " + name +
                         " requires grad, but opforge ops have no backward; call under torch.no_grad() / "
                         "torch.inference_mode() or pass " + name + ".detach()");
@@ -162,6 +162,14 @@ TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name) {
   }
   check_storage(ctx, obj, a);
   return a;
+}
+
+TensorArg tensor_arg_or_same(const OpContext& ctx, nb::handle obj, const char* name, nb::handle seen_obj,
+                             const TensorArg& seen) {
+  if (!obj.is(seen_obj)) return tensor_arg(ctx, obj, name);
+  TensorArg again = seen;  // the same tensor object: its export and checks hold as they are
+  again.name = name;
+  return again;
 }
 
 void mark_written(std::initializer_list<nb::handle> outputs) {

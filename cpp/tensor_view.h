@@ -72,6 +72,10 @@ struct TensorArg {
 // and its storage holds every element the view reaches (a storage freed or shrunk with
 // untyped_storage().resize_() does not).
 TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name);
+// tensor_arg of an argument that may be the very object already read as `seen` (an in-place call
+// passes input as out): that reading, renamed, instead of a second export and the same checks.
+TensorArg tensor_arg_or_same(const OpContext& ctx, nb::handle obj, const char* name, nb::handle seen_obj,
+                             const TensorArg& seen);
 
 // Tells autograd that the kernels wrote these tensors in place (bumps their version counters),
 // so a backward that saved one of them raises instead of using the new values, as it does after

@@ -595,3 +595,35 @@ def test_capsule_export_computes_the_same(export_spy, op):
     assert exported, "the capsule export was not used"
     for g, e in zip(_results(got), _results(expected)):
         assert torch.equal(g, e)
+
+
+@pytest.mark.parametrize("problem", ["freed", "shrunk", "negative-bit", "requires-grad"])
+@pytest.mark.parametrize("call", ["fused_add_rmsnorm", "scale"])
+def test_an_in_place_call_checks_the_tensor_it_passes_twice(call, problem):
+    """out=input (and residual_out=residual) reuse the first reading of that tensor object: its
+    checks must still refuse what a separate out= would be refused for."""
+    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)
+    bad = {"freed": _freed, "shrunk": _shrunk, "negative-bit": _negative_view,
+           "requires-grad": lambda t: t.clone().requires_grad_()}[problem]
+    words = {"freed": "storage", "shrunk": "storage", "negative-bit": "negative-bit", "requires-grad": "requires grad"}
+    if call == "scale":
+        x = bad(x)
+        with pytest.raises(ValueError, match=words[problem]):
+            opforge.scale(x, 2.0, out=x)
+        return
+    for which in ("input", "residual"):
+        a, b = (bad(x), r.clone()) if which == "input" else (x.clone(), bad(r))
+        with pytest.raises(ValueError, match=words[problem]) as info:
+            opforge.fused_add_rmsnorm(a, b, w, 1e-6, out=a, residual_out=b)
+        assert which in str(info.value)
+
+
+def test_an_in_place_call_gives_what_separate_outputs_give():
+    x, r, w = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
+    want_out, want_res = opforge.fused_add_rmsnorm(x, r, w, 1e-6)
+    a, b = x.clone(), r.clone()
+    got_out, got_res = opforge.fused_add_rmsnorm(a, b, w, 1e-6, out=a, residual_out=b)
+    assert got_out is a and got_res is b
+    assert torch.equal(got_out, want_out) and torch.equal(got_res, want_res)
+    y = x.clone()
+    assert opforge.scale(y, 3.0, out=y) is y and torch.equal(y, opforge.scale(x, 3.0))
