@@ -174,11 +174,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = flashinfer_sources(args.flashinfer, tmp)
         print(f"FlashInfer norm sources: {root}", flush=True)
-        cuda = start(args, render, flashinfer=os.path.basename(args.flashinfer.rstrip("/")))
+        label = os.path.basename(args.flashinfer.rstrip("/"))
+        cuda = start(args, render, flashinfer=label)
         if not cuda:
             return 0
         fi = build_flashinfer_norm(root, args.build_dir or os.path.join(tmp, "build"))
-        results = {"meta": collect_meta(args, cuda, flashinfer=os.path.basename(args.flashinfer.rstrip("/"))),
+        results = {"meta": collect_meta(args, cuda, flashinfer=label),
                    "agreement": agree(fi), "rows": []}
         for rows in ROWS:
             table, _keep = cases(fi, rows)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..trace import RandomInput, SafetensorsInput, ScalarInput
+from ..trace import DType, RandomInput, SafetensorsInput, ScalarInput
 from ..trace.extensions import DerivedDomain
 from .inferred_domains import as_probabilities, is_probability_input, scalar_axis, with_inferred_domains
 
@@ -120,7 +120,7 @@ def _random_scalar(definition, name: str, spec, axis_values: dict, gen: torch.Ge
     names an axis (``k`` beside a ``k`` axis, see inferred_domains.scalar_axis) is that axis's
     value; other integers small and positive, bools either way, floats standard normal."""
     domain = definition.resolve_value_domain(name, axis_values)
-    if spec.dtype.value == "bool":
+    if spec.dtype is DType.BOOL:
         return bool(torch.randint(0, 2, (), generator=gen))
     if spec.dtype.is_int:
         if domain is not None and domain["kind"] == "range":
