@@ -11,29 +11,33 @@
 //   O [16 heads x D] += P [16 x 16 tokens] . V       (P rounded to the input type, as any
 //                                                     tensor-core attention does)
 //
-// The operands need no shared memory: fragments come straight from 16-byte loads. The order of the reduction
-// dimension inside an mma is free as long as both operands follow it, so each lane loads
-// contiguous 16-byte pieces and the head dimension is permuted consistently:
-// * S = Q K^T: lane (g = lane / 4, c = lane % 4) loads K row (token) g of each 8-token half, the
-//   16-byte pieces at dims 32 i + 8 c (4 lanes cover 64 contiguous bytes per instruction), and
-//   the same pieces of Q rows g and g + 8; k-step j takes words 2 (j % 2) and 2 (j % 2) + 1 of
-//   piece j / 2 as its slots {2c, 2c+1} and {2c+8, 2c+9}.
-// * S's accumulator fragment is P's operand fragment (lane holds tokens 2c, 2c+1, 2c+8, 2c+9 of
-//   rows g, g + 8), so P never leaves registers.
-// * O += P V: lane (g, c) needs V of tokens 2c, 2c+1, 2c+8, 2c+9 at one dim per 8-dim tile; it
-//   loads those four rows' pieces at dims 64 h + 8 g (8 lanes cover 128 contiguous bytes) and
-//   tile j takes dim 64 (j / 8) + 8 g + j % 8, two tokens per register by a byte permute. O's
-//   accumulator then holds dims 64 h + 16 c + [0, 16) of rows g and g + 8: two 16-byte stores.
+// Per task (request, KV head, head chunk, split) one warp per 128 head dims streams the task's
+// tokens in steps of 16 through a ring of kStages steps in shared memory:
+// * Copies: each step's 16 K rows and 16 V rows are copied by cp.async, whole rows per
+//   instruction (16 lanes x 16 bytes cover a 256-byte row), one commit group per step, kStages - 1
+//   steps in flight while the warp computes one. A register-only design (16-byte loads straight
+//   into mma fragments) needs per-lane address arithmetic for every piece, asks the memory system
+//   for 64-byte pieces, and makes a lone warp wait a round trip per step; this ring halves a lone
+//   warp's time per step (bench/results/2026-11-26_h100_*_paged_decode_ring/). Page ids are fetched
+//   a step before their copies are issued and checked only there, so the warp never waits on
+//   them. Tokens past a split's end and rows of a bad page id are zero-filled by the copy itself
+//   (source size 0), so P V stays finite where P is 0.
+// * Fragments: ldmatrix in the mma layouts, so the head dimension keeps its natural order.
+//   S = Q K^T: ldmatrix.x4 of K rows (tokens) gives the B fragments of both 8-token halves for
+//   one 16-dim k-step (even and odd k-steps accumulate apart: two shorter dependent chains); Q's
+//   A fragments are read once from global memory. S's accumulator fragment is P's operand
+//   fragment (lane (g = lane / 4, c = lane % 4) holds tokens 2c, 2c+1, 2c+8, 2c+9 of rows g and
+//   g + 8), so P never leaves registers. O += P V: ldmatrix.x4.trans of V rows gives the B
+//   fragments of two 8-dim tiles; O's tile j holds dims 8 j + 2c, 8 j + 2c + 1 of rows g, g + 8.
+//   Rows sit kRowBytes + 16 apart, so the 8 rows of an ldmatrix fall in distinct banks.
 //
-// A CTA is one task (request, KV head, head chunk, split), one warp per 128 head dims; the plan picks enough
-// splits to fill the GPU, and a second kernel merges split partials (normalised outputs and
-// their lse) in split order, so results do not depend on scheduling. Page ids of the next
-// 16-token step are fetched while the current one computes: for page_size 1 every token is a
-// dependent load.
+// The plan picks enough splits to fill the GPU, and a second kernel merges split partials
+// (normalised outputs and their lse) in split order, so results do not depend on scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -82,27 +86,10 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return u;
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// K and V rows are read exactly once: no L1 allocation, and L2 fetches whole 256-byte runs
-// (a row of 128 bf16 values, or two heads' rows of 64).
-__device__ __forceinline__ uint4 load_streamed(const void* ptr) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(ptr));
-  return v;
-}
-
-// q is read by every split of a head: through L1/L2 like any reused data.
-__device__ __forceinline__ uint4 load_q(const void* ptr) { return __ldg(static_cast<const uint4*>(ptr)); }
-
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Where the tokens of one request live: token t is slot t % page_size of page
-// pages[t / page_size] (shifts when page_size is a power of two).
+// pages[t / page_size] (shifts when page_size is a power of two); ids below num_pages are valid.
 struct RequestPages {
   const int32_t* pages;
   int page_size;
@@ -111,60 +98,83 @@ struct RequestPages {
 
   __device__ int index(int t) const { return shift >= 0 ? t >> shift : t / page_size; }
   __device__ int slot(int t) const { return shift >= 0 ? t & (page_size - 1) : t - index(t) * page_size; }
-  // The page id of token t, or -1 past `end` (masked); a page id outside the cache is flagged.
-  __device__ int32_t page(int t, int end, bool& bad) const {
-    if (t >= end) return -1;
-    const int32_t id = __ldg(pages + index(t));
-    if (static_cast<uint32_t>(id) >= num_pages) {
-      bad = true;
-      return -1;
-    }
-    return id;
-  }
 };
-
-// Page ids of a lane's tokens in one step starting at t0: K rows t0 + g and t0 + 8 + g; V rows
-// t0 + 2c + {0, 1, 8, 9}. -1: masked (no load, a zero row).
-struct StepPages {
-  int32_t k[2];
-  int32_t v[4];
-};
-
-__device__ __forceinline__ int v_token(int c, int i) { return 2 * c + (i & 1) + 8 * (i >> 1); }
-
-__device__ __forceinline__ StepPages step_pages(const RequestPages& rp, int t0, int end, int g, int c, bool& bad) {
-  StepPages s;
-  s.k[0] = rp.page(t0 + g, end, bad);
-  s.k[1] = rp.page(t0 + 8 + g, end, bad);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) s.v[i] = rp.page(t0 + v_token(c, i), end, bad);
-  return s;
-}
 
 // paged_decode_warps(D) as a device-side constant (launch_typed checks that they agree).
 template <int D>
 constexpr int kWarpsOf = D > 128 ? D / 128 : 1;
 
-// One task per CTA: the query heads head0 .. head0 + rows - 1 (one KV head's, at most 16) of
-// request b over the tokens of one split. Head dims above 128 are shared out over warps, 128
-// each (the accumulators of 256 dims would not fit one warp's registers); each warp computes its
-// part of S, and the parts are added through shared memory in warp order, so every warp holds
-// the same S. See the file comment for the fragment layouts.
+// The ring's geometry for one warp (kDims head dims of a row; see the file comment).
 template <typename T, int D>
+struct RingLayout {
+  static constexpr int kDims = D / kWarpsOf<D>;
+  static constexpr int kRowBytes = kDims * int(sizeof(T));
+  static constexpr int kPitch = kRowBytes + 16;
+  static constexpr int kStageBytes = 2 * kPagedDecodeStep * kPitch;  // 16 K rows, then 16 V rows
+  static constexpr int kLanesPerRow = kRowBytes / 16;                 // 8 or 16
+  static constexpr int kRowsPerCopy = 32 / kLanesPerRow;              // rows of one warp instruction
+  static constexpr int kTokensPerLane = kPagedDecodeStep / kRowsPerCopy;
+};
+
+// Stages of the ring: two steps in flight while one is computed (26 KB per warp at 128 dims, so
+// the kPagedDecodeWarpsPerSm warps of an SM fit its shared memory on sm_90).
+constexpr int kRingStages = 3;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+#endif
+}
+
+// 16 bytes global -> shared, bypassing L1; `bytes` 0 writes zeros and reads nothing.
+__device__ __forceinline__ void copy16(uint32_t dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void copy_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
+}
+
+template <typename T, int D, int kStages>
 __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWarpsOf<D>)
-    paged_decode_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
+    paged_decode_ring_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = RingLayout<T, D>;
   constexpr int kWarps = kWarpsOf<D>;
-  constexpr int kDims = D / kWarps;         // head dims of this warp
-  constexpr int kKPieces = kDims / 32;      // 16-byte pieces of a K row per lane (4 lanes per row)
-  constexpr int kVPieces = kDims / 64;      // of a V row (8 lanes per row)
+  constexpr int kDims = L::kDims;
   constexpr int kKSteps = kDims / 16;
-  constexpr int kTiles = kDims / 8;         // 8-dim tiles of O
+  constexpr int kTiles = kDims / 8;
+  constexpr int kPitch = L::kPitch;
+  constexpr int kStageBytes = L::kStageBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int dim0 = warp * kDims;
 
-  // Tasks are numbered ((b * num_kv_heads + kv_head) * head_chunks + chunk) * splits + split:
-  // the splits of one head sit next to each other.
   uint32_t task = blockIdx.x;
   const int split = static_cast<int>(task % splits);
   task /= splits;
@@ -176,91 +186,154 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
   const int64_t head0 = kv_head * group + int64_t(chunk) * kPagedDecodeRows;
   const int rows = static_cast<int>(min64(kPagedDecodeRows, group - int64_t(chunk) * kPagedDecodeRows));
 
-  // The request's layout (uniform across the warp). Invalid layouts give NaN, never a read
-  // outside kv_indices or the caches.
+  extern __shared__ __align__(128) unsigned char ring_all[];
+  const uint32_t ring = smem_addr(ring_all + warp * kStages * kStageBytes);
+
   const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
   bool bad = first < 0 || last < first || last > p.num_indices;
-  int n = 0;  // tokens of the request (num_indices * page_size < 2^31, checked at launch)
+  int n = 0;
   if (!bad && last > first) {
     const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
     bad = tail < 1 || tail > p.page_size;
     if (!bad) n = static_cast<int>((last - first - 1) * p.page_size + tail);
   }
-  // This split's tokens: equal slices of whole steps.
   const int64_t slice = (int64_t(n) + splits - 1) / splits;
   const int64_t per_split = (slice + kPagedDecodeStep - 1) / kPagedDecodeStep * kPagedDecodeStep;
   const int begin = static_cast<int>(min64(n, split * per_split));
   const int end = static_cast<int>(min64(n, begin + per_split));
-
-  // Q as A fragments, one per k-step: rows g and g + 8 (zero past the chunk's heads).
-  uint32_t qa[kKSteps][4];
-  {
-    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0;
-#pragma unroll
-    for (int i = 0; i < kKPieces; ++i) {
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const uint4 r0 = g < rows ? load_q(q_rows + g * p.q_stride_h + 32 * i + 8 * c) : zero;
-      const uint4 r1 = g + 8 < rows ? load_q(q_rows + (g + 8) * p.q_stride_h + 32 * i + 8 * c) : zero;
-      qa[2 * i][0] = r0.x, qa[2 * i][1] = r1.x, qa[2 * i][2] = r0.y, qa[2 * i][3] = r1.y;
-      qa[2 * i + 1][0] = r0.z, qa[2 * i + 1][1] = r1.z, qa[2 * i + 1][2] = r0.w, qa[2 * i + 1][3] = r1.w;
-    }
-  }
+  const int steps = (end - begin + kPagedDecodeStep - 1) / kPagedDecodeStep;
 
   const int page_size = static_cast<int>(p.page_size);
   const RequestPages rp{p.kv_indices + (bad ? 0 : first), page_size,
                         (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1,
                         static_cast<uint32_t>(p.num_pages)};
-  const T* k_head = static_cast<const T*>(p.k_cache) + kv_head * p.k_stride_head + dim0;
-  const T* v_head = static_cast<const T*>(p.v_cache) + kv_head * p.v_stride_head + dim0;
+  // Copies: lane L moves 16-byte column L % kLanesPerRow of the K and V rows of tokens
+  // L / kLanesPerRow + kRowsPerCopy i of a step. Page ids are fetched a step before their copies
+  // are issued and checked only there, so the warp never waits on the fetch. When pages hold a
+  // multiple of 16 tokens a step lies in one page (steps start at multiples of 16): every lane
+  // fetches that page's id and its rows are a fixed stride apart; otherwise lane i < 16 fetches
+  // the id of token i and the copying lanes read it with a shuffle.
+  const int col = (lane % L::kLanesPerRow) * 16;
+  const int tok0 = lane / L::kLanesPerRow;
+  const unsigned char* k_base =
+      reinterpret_cast<const unsigned char*>(p.k_cache) + (kv_head * p.k_stride_head + dim0) * int64_t(sizeof(T)) + col;
+  const unsigned char* v_base =
+      reinterpret_cast<const unsigned char*>(p.v_cache) + (kv_head * p.v_stride_head + dim0) * int64_t(sizeof(T)) + col;
+  const int64_t k_page = p.k_stride_page * int64_t(sizeof(T)), k_slot = p.k_stride_slot * int64_t(sizeof(T));
+  const int64_t v_page = p.v_stride_page * int64_t(sizeof(T)), v_slot = p.v_stride_slot * int64_t(sizeof(T));
+  const bool whole_pages = page_size % kPagedDecodeStep == 0;
+  const int fetch_tok = whole_pages ? 0 : lane & 15;
+  bool bad_page = false;
+  auto fetch = [&](int s) -> int32_t {
+    const int t = begin + s * kPagedDecodeStep + fetch_tok;
+    return s < steps && t < end ? __ldg(rp.pages + rp.index(t)) : -1;
+  };
+  auto issue = [&](int s, int32_t id) {
+    if (s < steps) {
+      const int t0 = begin + s * kPagedDecodeStep;
+      const uint32_t dst = ring + (s % kStages) * kStageBytes + tok0 * kPitch + col;
+      if (whole_pages) {
+        const bool ok = static_cast<uint32_t>(id) < rp.num_pages;
+        bad_page = bad_page || !ok;
+        const int64_t pg = ok ? id : 0;
+        const int slot = rp.slot(t0) + tok0;
+        const unsigned char* k_row = k_base + pg * k_page + slot * k_slot;
+        const unsigned char* v_row = v_base + pg * v_page + slot * v_slot;
+#pragma unroll
+        for (int i = 0; i < L::kTokensPerLane; ++i) {
+          const int bytes = ok && t0 + tok0 + L::kRowsPerCopy * i < end ? 16 : 0;
+          copy16(dst + L::kRowsPerCopy * i * kPitch, k_row + L::kRowsPerCopy * i * k_slot, bytes);
+          copy16(dst + (kPagedDecodeStep + L::kRowsPerCopy * i) * kPitch, v_row + L::kRowsPerCopy * i * v_slot, bytes);
+        }
+      } else {
+        const bool live = t0 + (lane & 15) < end;
+        const bool ok = !live || static_cast<uint32_t>(id) < rp.num_pages;
+        bad_page = bad_page || !ok;
+        const int32_t mine = live && ok ? id : -1;
+#pragma unroll
+        for (int i = 0; i < L::kTokensPerLane; ++i) {
+          const int tok = tok0 + L::kRowsPerCopy * i;
+          const int32_t page = __shfl_sync(0xffffffffu, mine, tok);
+          const int slot = rp.slot(t0 + tok);
+          const int64_t pg = page >= 0 ? page : 0;
+          const int bytes = page >= 0 ? 16 : 0;
+          copy16(dst + L::kRowsPerCopy * i * kPitch, k_base + pg * k_page + slot * k_slot, bytes);
+          copy16(dst + (kPagedDecodeStep + L::kRowsPerCopy * i) * kPitch, v_base + pg * v_page + slot * v_slot, bytes);
+        }
+      }
+    }
+    copy_commit();  // one group per step, empty past the end, so the waits count steps
+  };
+
+  uint32_t qa[kKSteps][4];
+  {
+    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const bool in = g + 8 * r < rows;
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (g + 8 * r) * p.q_stride_h + 16 * j);
+        qa[j][r] = in ? __ldg(row) : 0u;
+        qa[j][2 + r] = in ? __ldg(row + 4) : 0u;
+      }
+    }
+  }
+
+  // Steps 0 .. kStages - 2 in flight before the loop; `ahead` holds the page id of step kStages - 1.
+  {
+    int32_t ids[kStages - 1];
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) ids[s] = fetch(s);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s, ids[s]);
+  }
+  int32_t ahead = fetch(kStages - 1);
+
   const float scale = p.sm_scale * kLog2e;
   const float kNegInf = OPFORGE_NEG_INF;
-
   float o[kTiles][4];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m[2] = {kNegInf, kNegInf};  // running max of rows g, g + 8 (base-2 logits)
-  float l[2] = {0.f, 0.f};          // this lane's share of the running sums
-  bool bad_page = false;
-  // Parts of S from every warp (kWarps > 1), double-buffered by step parity: a warp writes the
-  // next step's buffer only after all have passed this step's barrier.
-  __shared__ float4 s_parts[kWarps > 1 ? 2 : 1][kWarps][2][32];
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.f, 0.f};
+  __shared__ float4 s_parts[kWarps > 1 ? 2 : 1][kWarps][2][kWarps > 1 ? 32 : 1];
   int parity = 0;
 
-  StepPages cur = step_pages(rp, begin, end, g, c, bad_page);
-  for (int t0 = begin; t0 < end; t0 += kPagedDecodeStep) {
-    // Every load of the step first: K for S, V for later, then the next step's page ids.
-    uint4 kr[2][kKPieces], vr[4][kVPieces];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int32_t page = cur.k[h];
-      const T* row =
-          k_head + int64_t(page) * p.k_stride_page + int64_t(rp.slot(t0 + 8 * h + g)) * p.k_stride_slot + 8 * c;
-#pragma unroll
-      for (int i = 0; i < kKPieces; ++i) kr[h][i] = page >= 0 ? load_streamed(row + 32 * i) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      const int32_t page = cur.v[t];
-      const T* row =
-          v_head + int64_t(page) * p.v_stride_page + int64_t(rp.slot(t0 + v_token(c, t))) * p.v_stride_slot + 8 * g;
-#pragma unroll
-      for (int i = 0; i < kVPieces; ++i) vr[t][i] = page >= 0 ? load_streamed(row + 64 * i) : make_uint4(0, 0, 0, 0);
-    }
-    if (t0 + kPagedDecodeStep < end) cur = step_pages(rp, t0 + kPagedDecodeStep, end, g, c, bad_page);
+  // ldmatrix row addresses of this lane inside a stage: K matrices (token 8 (L / 16) + L % 8,
+  // dims + 8 ((L / 8) % 2)); V matrices (token 8 ((L / 8) % 2) + L % 8, dims + 8 (L / 16)).
+  const uint32_t k_off = ((lane >> 4) * 8 + (lane & 7)) * kPitch + ((lane >> 3) & 1) * 16;
+  const uint32_t v_off = (kPagedDecodeStep + ((lane >> 3) & 1) * 8 + (lane & 7)) * kPitch + (lane >> 4) * 16;
 
-    // S = Q K^T: half h holds tokens t0 + 8 h + [0, 8); lane holds columns 2c, 2c + 1.
-    float s[2][4];
+  for (int s = 0; s < steps; ++s) {
+    const int t0 = begin + s * kPagedDecodeStep;
+    // Refill the stage computed on the last iteration (every lane is past it) kStages - 1 steps
+    // ahead, then wait for this step's group.
+    __syncwarp();
+    issue(s + kStages - 1, ahead);
+    ahead = fetch(s + kStages);
+    copy_wait<kStages - 1>();
+    __syncwarp();
+    const uint32_t base = ring + (s % kStages) * kStageBytes;
+
+    // S = Q K^T, even and odd k-steps in separate accumulators (two shorter dependent chains).
+    float acc[2][2][4] = {};
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, base + k_off + 32 * j);
+      mma_16x8x16<T>(acc[j & 1][0], qa[j], kb[0], kb[1]);
+      mma_16x8x16<T>(acc[j & 1][1], qa[j], kb[2], kb[3]);
+    }
+    float sc[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      s[h][0] = s[h][1] = s[h][2] = s[h][3] = 0.f;
 #pragma unroll
-      for (int j = 0; j < kKSteps; ++j) {
-        mma_16x8x16<T>(s[h], qa[j], word(kr[h][j / 2], 2 * (j % 2)), word(kr[h][j / 2], 2 * (j % 2) + 1));
-      }
+      for (int e = 0; e < 4; ++e) sc[h][e] = acc[0][h][e] + acc[1][h][e];
     }
     if constexpr (kWarps > 1) {
-      s_parts[parity][warp][0][lane] = make_float4(s[0][0], s[0][1], s[0][2], s[0][3]);
-      s_parts[parity][warp][1][lane] = make_float4(s[1][0], s[1][1], s[1][2], s[1][3]);
+      s_parts[parity][warp][0][lane] = make_float4(sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+      s_parts[parity][warp][1][lane] = make_float4(sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
       __syncthreads();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -270,56 +343,54 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
           const float4 part = s_parts[parity][w][h][lane];
           sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
         }
-        s[h][0] = sum.x, s[h][1] = sum.y, s[h][2] = sum.z, s[h][3] = sum.w;
+        sc[h][0] = sum.x, sc[h][1] = sum.y, sc[h][2] = sum.z, sc[h][3] = sum.w;
       }
       parity ^= 1;
     }
-    // Online softmax in base 2: s[h][0..1] are row g's, s[h][2..3] row g + 8's.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[h][e] = t0 + 8 * h + 2 * c + (e & 1) < end ? s[h][e] * scale : kNegInf;
+        sc[h][e] = t0 + 8 * h + 2 * c + (e & 1) < end ? sc[h][e] * scale : kNegInf;
       }
     }
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
+      float mx = fmaxf(fmaxf(sc[0][2 * r], sc[0][2 * r + 1]), fmaxf(sc[1][2 * r], sc[1][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[r], mx);
-      const float base = m_new == kNegInf ? 0.f : m_new;  // nothing seen yet: keeps exp2 off -inf - -inf
-      alpha[r] = exp2f(m[r] - base);
+      const float base_m = m_new == kNegInf ? 0.f : m_new;
+      alpha[r] = exp2f(m[r] - base_m);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        s[h][2 * r] = exp2f(s[h][2 * r] - base);
-        s[h][2 * r + 1] = exp2f(s[h][2 * r + 1] - base);
+        sc[h][2 * r] = exp2f(sc[h][2 * r] - base_m);
+        sc[h][2 * r + 1] = exp2f(sc[h][2 * r + 1] - base_m);
       }
-      l[r] = l[r] * alpha[r] + ((s[0][2 * r] + s[0][2 * r + 1]) + (s[1][2 * r] + s[1][2 * r + 1]));
+      l[r] = l[r] * alpha[r] + ((sc[0][2 * r] + sc[0][2 * r + 1]) + (sc[1][2 * r] + sc[1][2 * r + 1]));
       m[r] = m_new;
     }
-    // O = alpha O + P V over the step's 16 tokens (k slot i <-> token t0 + i).
-    const uint32_t pa[4] = {pack2<T>(s[0][0], s[0][1]), pack2<T>(s[0][2], s[0][3]), pack2<T>(s[1][0], s[1][1]),
-                            pack2<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {pack2<T>(sc[0][0], sc[0][1]), pack2<T>(sc[0][2], sc[0][3]), pack2<T>(sc[1][0], sc[1][1]),
+                            pack2<T>(sc[1][2], sc[1][3])};
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      o[j][0] *= alpha[0], o[j][1] *= alpha[0], o[j][2] *= alpha[1], o[j][3] *= alpha[1];
-      const int piece = j / 8, w = (j % 8) / 2;
-      const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;  // the high or low halves of two words
-      const uint32_t b0 = __byte_perm(word(vr[0][piece], w), word(vr[1][piece], w), sel);
-      const uint32_t b1 = __byte_perm(word(vr[2][piece], w), word(vr[3][piece], w), sel);
-      mma_16x8x16<T>(o[j], pa, b0, b1);
+    for (int i = 0; i < kTiles / 2; ++i) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, base + v_off + 32 * i);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float(&acc_o)[4] = o[2 * i + h];
+        acc_o[0] *= alpha[0], acc_o[1] *= alpha[0], acc_o[2] *= alpha[1], acc_o[3] *= alpha[1];
+        mma_16x8x16<T>(acc_o, pa, vb[2 * h], vb[2 * h + 1]);
+      }
     }
   }
 
-  // Row sums over the 4 lanes of each row; a bad page id anywhere spoils the whole task.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  // Every warp fetched the same page ids, so each one's flag is the task's.
   bad = bad || __any_sync(0xffffffffu, bad_page);
   const float nan = __int_as_float(0x7fffffff);
   const int64_t rows_total = p.batch * p.num_qo_heads;
@@ -328,30 +399,21 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     const int row = g + 8 * r;
     if (row >= rows) continue;
     const int64_t head = head0 + row;
-    // l == 0: no token (a zero output, lse -inf); a NaN l stays NaN.
     const float inv = bad ? nan : l[r] == 0.f ? 0.f : 1.f / l[r];
     const float lse = bad ? nan : l[r] == 0.f ? kNegInf : m[r] + log2f(l[r]);
+    // O's tile j holds dims 8 j + 2c and 8 j + 2c + 1 of this row.
+    if (splits == 1) {
+      T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim0 + 2 * c;
 #pragma unroll
-    for (int piece = 0; piece < kVPieces; ++piece) {
-      float lo[8], hi[8];  // dims 64 piece + 16 c + [0, 8) and + [8, 16)
+      for (int j = 0; j < kTiles; ++j) {
+        const float pair[2] = {o[j][2 * r] * inv, o[j][2 * r + 1] * inv};
+        store_float<T, 2>(out + 8 * j, pair);
+      }
+    } else {
+      const int64_t row_index = int64_t(split) * rows_total + b * p.num_qo_heads + head;
+      float2* ws = reinterpret_cast<float2*>(p.workspace + row_index * D + dim0 + 2 * c);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        lo[e] = o[8 * piece + e][2 * r] * inv;
-        hi[e] = o[8 * piece + e][2 * r + 1] * inv;
-      }
-      const int dim = dim0 + 64 * piece + 16 * c;
-      if (splits == 1) {
-        T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim;
-        store_float<T, 8>(out, lo);
-        store_float<T, 8>(out + 8, hi);
-      } else {
-        const int64_t row_index = int64_t(split) * rows_total + b * p.num_qo_heads + head;
-        float4* ws = reinterpret_cast<float4*>(p.workspace + row_index * D + dim);
-        ws[0] = make_float4(lo[0], lo[1], lo[2], lo[3]);
-        ws[1] = make_float4(lo[4], lo[5], lo[6], lo[7]);
-        ws[2] = make_float4(hi[0], hi[1], hi[2], hi[3]);
-        ws[3] = make_float4(hi[4], hi[5], hi[6], hi[7]);
-      }
+      for (int j = 0; j < kTiles; ++j) ws[4 * j] = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
     }
     if (c == 0 && warp == 0) {
       if (splits == 1) {
@@ -361,6 +423,9 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
       }
     }
   }
+#else
+  __trap();  // the host never launches this kernel on a GPU below 8.0 (checked in Python)
+#endif
 }
 
 // Second pass of a split plan: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse),
@@ -406,10 +471,21 @@ __global__ void __launch_bounds__(128) paged_decode_merge_kernel(const PagedDeco
 }
 
 template <typename T, int D>
-int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, cudaStream_t stream) {
+int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   static_assert(kWarpsOf<D> == paged_decode_warps(D), "the plan counts the kernel's warps");
-  paged_decode_kernel<T, D>
-      <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, 0, stream>>>(p, plan.head_chunks, plan.splits);
+  constexpr int kSmem = kWarpsOf<D> * kRingStages * RingLayout<T, D>::kStageBytes;
+  // A ring above 48 KB (head_dim 256: two warps' rings) needs opting in, once per device.
+  if constexpr (kSmem > 48 * 1024) {
+    static std::atomic<bool> opted_in[64];
+    if (device < 0 || device >= 64 || !opted_in[device].load(std::memory_order_relaxed)) {
+      const cudaError_t e = cudaFuncSetAttribute(paged_decode_ring_kernel<T, D, kRingStages>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (e != cudaSuccess) return static_cast<int>(e);
+      if (device >= 0 && device < 64) opted_in[device].store(true, std::memory_order_relaxed);
+    }
+  }
+  paged_decode_ring_kernel<T, D, kRingStages>
+      <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, kSmem, stream>>>(p, plan.head_chunks, plan.splits);
   const int err = last_launch_status();
   if (err != 0 || plan.splits == 1) return err;
   constexpr int kRowsPerBlock = 128 / (D / 4);
@@ -419,10 +495,10 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, cudaSt
 }
 
 template <int D>
-int launch_dim(const PagedDecodeParams& p, const PagedDecodePlan& plan, cudaStream_t stream) {
+int launch_dim(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   switch (p.dtype) {
-    case DType::kBFloat16: return launch_typed<__nv_bfloat16, D>(p, plan, stream);
-    case DType::kFloat16: return launch_typed<__half, D>(p, plan, stream);
+    case DType::kBFloat16: return launch_typed<__nv_bfloat16, D>(p, plan, device, stream);
+    case DType::kFloat16: return launch_typed<__half, D>(p, plan, device, stream);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }
@@ -440,9 +516,9 @@ int launch_paged_decode_attention(const PagedDecodeParams& p, const PagedDecodeP
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   switch (p.head_dim) {
-    case 64: return launch_dim<64>(p, plan, stream);
-    case 128: return launch_dim<128>(p, plan, stream);
-    case 256: return launch_dim<256>(p, plan, stream);
+    case 64: return launch_dim<64>(p, plan, device, stream);
+    case 128: return launch_dim<128>(p, plan, device, stream);
+    case 256: return launch_dim<256>(p, plan, device, stream);
     default: return static_cast<int>(cudaErrorInvalidValue);
   }
 }

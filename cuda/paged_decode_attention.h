@@ -49,12 +49,16 @@ constexpr int kPagedDecodeRows = 16;
 constexpr int paged_decode_warps(int64_t head_dim) { return head_dim > 128 ? static_cast<int>(head_dim / 128) : 1; }
 // Tokens per step of the main loop: one 16-deep k-step of the P.V product.
 constexpr int kPagedDecodeStep = 16;
-// Warps resident per SM that the plan counts on (a warp holds about 210 registers per thread
-// at 128 dims, so 9 fit; the launch bounds ask for 8).
+// Warps resident per SM that the plan counts on: a warp holds about 170 registers per thread and
+// a 26 KB ring of K and V rows in shared memory at 128 dims, so 8 fit an sm_90 SM (fewer where
+// shared memory is smaller: the plan then makes more waves than it counts).
 constexpr int kPagedDecodeWarpsPerSm = 8;
-// A split keeps at least this many tokens of an average request (4 steps): below that the
+// A split keeps at least this many tokens of an average request (8 steps): below that the
 // second kernel and the partials' traffic cost more than the parallelism gains.
-constexpr int64_t kPagedDecodeMinSplitTokens = 64;
+constexpr int64_t kPagedDecodeMinSplitTokens = 128;
+// The most splits the plan picks by itself (the merge pass reads every split's partial row, so
+// more splits cost more than they gain even for one long request), and the most a caller may force.
+constexpr int kPagedDecodeAutoMaxSplits = 32;
 constexpr int kPagedDecodeMaxSplits = 128;
 
 // How the work is cut: head_chunks = ceil(G / 16) tasks per KV head (more than 16 query heads
@@ -88,9 +92,9 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 //    CTAs is sms * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim). Splits are added until
 //    the tasks make two waves (the second evens out requests of unequal lengths),
 // 2. but not below kPagedDecodeMinSplitTokens tokens per split of an average request, nor past
-//    kPagedDecodeMaxSplits.
+//    kPagedDecodeAutoMaxSplits.
 // Examples on 132 SMs (waves of 1056 CTAs), h32_kv8: batch 128 x 2048 tokens -> 3 splits;
-// batch 32 -> 9; batch 1 x 32768 -> 128; batch 1 x 512 -> 8 (64 tokens each).
+// batch 32 -> 9; batch 1 x 32768 -> 32; batch 1 x 512 -> 4 (128 tokens each).
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, 1);
@@ -99,7 +103,7 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   int64_t splits = paged_decode_cdiv(goal, one.ctas);
   const int64_t by_length = paged_decode_cdiv(tokens, batch) / kPagedDecodeMinSplitTokens;
   if (splits > by_length) splits = by_length;
-  if (splits > kPagedDecodeMaxSplits) splits = kPagedDecodeMaxSplits;
+  if (splits > kPagedDecodeAutoMaxSplits) splits = kPagedDecodeAutoMaxSplits;
   if (splits < 1) splits = 1;
   return paged_decode_plan(batch, num_qo_heads, num_kv_heads, static_cast<int>(splits));
 }
