@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <utility>
 
 namespace opforge::cuda {
@@ -37,6 +38,22 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   config.attrs = pdl ? attribute : nullptr;
   config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Whether the image of `kKernel` loaded for `device` was compiled for sm_90 or newer, so that its
+// wait_for_previous_grid() exists: an sm_80 image also runs on a Hopper GPU, where a PDL launch
+// of it would read the previous kernel's output before it is written. Read once per device.
+template <auto kKernel>
+bool image_waits_for_previous_grid(int device) {
+  static std::atomic<int> known[64];  // 0 unknown, 1 yes, -1 no
+  if (device < 0 || device >= 64) return false;
+  const int k = known[device].load(std::memory_order_relaxed);
+  if (k != 0) return k > 0;
+  cudaFuncAttributes attr{};
+  const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.binaryVersion >= 90;
+  if (!yes) cudaGetLastError();  // not the launch's error
+  known[device].store(yes ? 1 : -1, std::memory_order_relaxed);
+  return yes;
 }
 
 }  // namespace opforge::cuda

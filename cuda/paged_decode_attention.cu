@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "device.h"
+#include "launch.cuh"
 #include "paged_decode_attention.h"
 #include "vec.cuh"
 
@@ -429,44 +430,73 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 }
 
 // Second pass of a split plan: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse),
-// lse = max + log2(sum w), in split order. D / 4 threads per (request, head) row, 4 dims each.
+// lse = max + log2(sum w). One block per (request, head) row: D / 4 threads of 4 dims each per
+// group of splits (group k takes splits k, k + kGroups, ...), each group merging online (its
+// loads do not wait on each other), then the groups combined in group order through shared
+// memory, so the result does not depend on scheduling. A NaN lse in any split (a bad page in
+// its slice) makes the row NaN. Launched with PDL where the GPU has it: its launch overlaps the
+// first kernel's tail, and it waits for that kernel's writes before reading them.
+constexpr int kMergeThreads = 256;
+
 template <typename T, int D>
-__global__ void __launch_bounds__(128) paged_decode_merge_kernel(const PagedDecodeParams p, const int splits) {
+__global__ void __launch_bounds__(kMergeThreads) paged_decode_merge_kernel(const PagedDecodeParams p, const int splits) {
+  wait_for_previous_grid();
   constexpr int kLanes = D / 4;
-  constexpr int kRowsPerBlock = 128 / kLanes;
+  constexpr int kGroups = kMergeThreads / kLanes;
   const int64_t rows_total = p.batch * p.num_qo_heads;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  if (row >= rows_total) return;
-  const int dim = (threadIdx.x % kLanes) * 4;
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
+  const int dim = lane * 4;
   const float* lse_s = p.workspace + int64_t(splits) * rows_total * D + row;
   const float kNegInf = OPFORGE_NEG_INF;
   const float nan = __int_as_float(0x7fffffff);
-  float mx = kNegInf;
-  bool bad = false;
-  for (int s = 0; s < splits; ++s) {
-    const float x = lse_s[int64_t(s) * rows_total];
-    bad = bad || isnan(x);
-    mx = fmaxf(mx, x);
-  }
+  float m = kNegInf, total = 0.f;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  float total = 0.f;
-  if (!bad && mx != kNegInf) {
-    for (int s = 0; s < splits; ++s) {
-      const float w = exp2f(lse_s[int64_t(s) * rows_total] - mx);  // an empty split: 2^-inf = 0
-      float o[4];
-      to_floats(load_vec<float, 4>(p.workspace + (int64_t(s) * rows_total + row) * D + dim), o);
+  bool bad = false;
+#pragma unroll 4
+  for (int s = group; s < splits; s += kGroups) {
+    const float x = lse_s[int64_t(s) * rows_total];
+    float o[4];
+    to_floats(load_vec<float, 4>(p.workspace + (int64_t(s) * rows_total + row) * D + dim), o);
+    bad = bad || isnan(x);
+    if (x == kNegInf || isnan(x)) continue;  // an empty split (or a bad one: the row is NaN anyway)
+    const float m_new = fmaxf(m, x);
+    const float keep = exp2f(m - m_new), w = exp2f(x - m_new);  // keep = 0 while m is -inf
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[e] = fmaf(w, o[e], acc[e]);
-      total += w;
+    for (int e = 0; e < 4; ++e) acc[e] = fmaf(w, o[e], acc[e] * keep);
+    total = fmaf(total, keep, w);
+    m = m_new;
+  }
+  __shared__ float part_acc[kGroups][D];
+  __shared__ float part_m[kGroups], part_total[kGroups];
+  __shared__ bool part_bad[kGroups];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) part_acc[group][dim + e] = acc[e];
+  if (lane == 0) part_m[group] = m, part_total[group] = total, part_bad[group] = bad;
+  __syncthreads();
+  if (group != 0) return;
+  float mx = kNegInf;
+  bad = false;
+#pragma unroll
+  for (int k = 0; k < kGroups; ++k) mx = fmaxf(mx, part_m[k]), bad = bad || part_bad[k];
+  float out[4] = {0.f, 0.f, 0.f, 0.f};
+  float sum = 0.f;
+  if (mx != kNegInf) {
+#pragma unroll
+    for (int k = 0; k < kGroups; ++k) {
+      const float w = exp2f(part_m[k] - mx);  // a group without splits: 2^-inf = 0
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[e] = fmaf(w, part_acc[k][dim + e], out[e]);
+      sum = fmaf(w, part_total[k], sum);
     }
   }
-  const float inv = bad ? nan : total == 0.f ? 0.f : 1.f / total;
+  const float inv = bad ? nan : sum == 0.f ? 0.f : 1.f / sum;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) acc[e] *= inv;
+  for (int e = 0; e < 4; ++e) out[e] *= inv;
   const int64_t b = row / p.num_qo_heads, head = row % p.num_qo_heads;
-  store_float<T, 4>(static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim, acc);
-  if (dim == 0) {
-    p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = bad ? nan : total == 0.f ? kNegInf : mx + log2f(total);
+  store_float<T, 4>(static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim, out);
+  if (lane == 0) {
+    p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = bad ? nan : sum == 0.f ? kNegInf : mx + log2f(sum);
   }
 }
 
@@ -488,10 +518,9 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int de
       <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, kSmem, stream>>>(p, plan.head_chunks, plan.splits);
   const int err = last_launch_status();
   if (err != 0 || plan.splits == 1) return err;
-  constexpr int kRowsPerBlock = 128 / (D / 4);
-  const int64_t blocks = paged_decode_cdiv(p.batch * p.num_qo_heads, kRowsPerBlock);
-  paged_decode_merge_kernel<T, D><<<static_cast<unsigned>(blocks), 128, 0, stream>>>(p, plan.splits);
-  return last_launch_status();
+  const bool pdl = image_waits_for_previous_grid<paged_decode_merge_kernel<T, D>>(device);
+  return static_cast<int>(launch_kernel(paged_decode_merge_kernel<T, D>, dim3(static_cast<unsigned>(p.batch * p.num_qo_heads)),
+                                        dim3(kMergeThreads), 0, stream, pdl, p, plan.splits));
 }
 
 template <int D>

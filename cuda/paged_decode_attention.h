@@ -53,12 +53,16 @@ constexpr int kPagedDecodeStep = 16;
 // a 26 KB ring of K and V rows in shared memory at 128 dims, so 8 fit an sm_90 SM (fewer where
 // shared memory is smaller: the plan then makes more waves than it counts).
 constexpr int kPagedDecodeWarpsPerSm = 8;
-// A split keeps at least this many tokens of an average request (8 steps): below that the
-// second kernel and the partials' traffic cost more than the parallelism gains.
-constexpr int64_t kPagedDecodeMinSplitTokens = 128;
-// The most splits the plan picks by itself (the merge pass reads every split's partial row, so
-// more splits cost more than they gain even for one long request), and the most a caller may force.
-constexpr int kPagedDecodeAutoMaxSplits = 32;
+// A split keeps at least this many tokens of an average request (two steps).
+constexpr int64_t kPagedDecodeMinSplitTokens = 32;
+// With few tasks, the plan stops at about this many resident CTAs per SM: past it the merge
+// pass (it reads every split's partial row) and each CTA's start (three dependent loads before
+// its first K row) cost more than the parallelism gains...
+constexpr int kPagedDecodeFewTaskCtasPerSm = 4;
+// ...but always allows this many splits, so that one long request among short ones is still
+// shared out (the lengths are not known on the host).
+constexpr int kPagedDecodeSkewSplits = 8;
+// The most splits of any plan (a caller may force up to this many).
 constexpr int kPagedDecodeMaxSplits = 128;
 
 // How the work is cut: head_chunks = ceil(G / 16) tasks per KV head (more than 16 query heads
@@ -88,22 +92,29 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // The plan for a call on a GPU with `sms` multiprocessors, from the shapes alone (the lengths
 // live on the GPU; reading them would cost a synchronisation): `tokens` is num_indices *
 // page_size, an upper bound of the tokens in the batch (kv_indices may be a larger buffer).
-// 1. Without a split there are batch * num_kv_heads * head_chunks tasks; a wave of resident
-//    CTAs is sms * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim). Splits are added until
-//    the tasks make two waves (the second evens out requests of unequal lengths),
-// 2. but not below kPagedDecodeMinSplitTokens tokens per split of an average request, nor past
-//    kPagedDecodeAutoMaxSplits.
+// Without a split there are batch * num_kv_heads * head_chunks tasks; a wave of resident CTAs is
+// sms * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim). The splits are the fewest of:
+// 1. enough for the tasks to make two waves (the second evens out requests of unequal lengths);
+// 2. enough for kPagedDecodeFewTaskCtasPerSm CTAs per SM, or kPagedDecodeSkewSplits if more;
+// 3. kPagedDecodeMinSplitTokens tokens per split of an average request; kPagedDecodeMaxSplits.
+// Measured on an H100 (bench/results/2026-11-26_h100_*_paged_decode_ring/): against the best
+// forced split count of each uniform batch this loses at most a few percent except at batch
+// 128 x 512 (3 splits where 1 is 13% faster), and it keeps 8 splits for a long request among
+// short ones (1.8x faster than 2 splits there).
 // Examples on 132 SMs (waves of 1056 CTAs), h32_kv8: batch 128 x 2048 tokens -> 3 splits;
-// batch 32 -> 9; batch 1 x 32768 -> 32; batch 1 x 512 -> 4 (128 tokens each).
+// batch 32 -> 8; batch 8 -> 9; batch 1 x 32768 -> 66; batch 1 x 512 -> 16 (32 tokens each).
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
-  const int64_t goal = 2 * int64_t(sms) * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim);
-  int64_t splits = paged_decode_cdiv(goal, one.ctas);
+  const int64_t warps = paged_decode_warps(head_dim);
+  int64_t splits = paged_decode_cdiv(2 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps, one.ctas);
+  int64_t spread = paged_decode_cdiv(int64_t(sms) * kPagedDecodeFewTaskCtasPerSm / warps, one.ctas);
+  if (spread < kPagedDecodeSkewSplits) spread = kPagedDecodeSkewSplits;
   const int64_t by_length = paged_decode_cdiv(tokens, batch) / kPagedDecodeMinSplitTokens;
-  if (splits > by_length) splits = by_length;
-  if (splits > kPagedDecodeAutoMaxSplits) splits = kPagedDecodeAutoMaxSplits;
+  for (const int64_t cap : {spread, by_length, int64_t(kPagedDecodeMaxSplits)}) {
+    if (splits > cap) splits = cap;
+  }
   if (splits < 1) splits = 1;
   return paged_decode_plan(batch, num_qo_heads, num_kv_heads, static_cast<int>(splits));
 }

@@ -416,12 +416,13 @@ def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, **force):
     return _C.paged_decode_attention_plan(batch, hq, hkv, head_dim, tokens, sms, **force)
 
 
-@pytest.mark.parametrize("batch, tokens, splits", [(128, 128 * 2048, 3), (32, 32 * 2048, 9), (1, 32768, 32),
-                                                   (1, 8192, 32), (1, 2048, 16), (1, 512, 4), (128, 128 * 512, 3),
-                                                   (8, 8 * 128, 1), (8, 8 * 64, 1)], ids=str)
+@pytest.mark.parametrize("batch, tokens, splits", [(128, 128 * 2048, 3), (32, 32 * 2048, 8), (8, 8 * 2048, 9),
+                                                   (1, 32768, 66), (1, 8192, 66), (1, 2048, 64), (1, 512, 16),
+                                                   (128, 128 * 512, 3), (8, 8 * 128, 4), (8, 8 * 40, 1)], ids=str)
 def test_plan_of_the_decode_shapes(batch, tokens, splits):
-    """h32_kv8 on 132 SMs: splits until two waves of 1056 one-warp CTAs, each split keeping at
-    least 128 tokens of an average request, at most 32 (the examples in the header)."""
+    """h32_kv8 on 132 SMs: splits until two waves of 1056 one-warp CTAs, but no more than for 528
+    CTAs (4 per SM) or 8 splits, whichever is more, each split keeping at least 32 tokens of an
+    average request (the examples in the header)."""
     p = plan(batch, 32, 8, tokens)
     assert (p["head_chunks"], p["splits"], p["warps_per_cta"]) == (1, splits, 1), p
     assert p["ctas"] == batch * 8 * splits
@@ -432,8 +433,9 @@ def test_plan_heads_and_dims():
     assert plan(4, 40, 2, 4096)["head_chunks"] == 2  # 20 query heads per KV head: two 16-row tiles
     assert plan(4, 64, 1, 4096)["head_chunks"] == 4
     # Half as many two-warp CTAs per wave: half the splits.
-    wide, narrow = plan(128, 8, 1, 128 * 8192, head_dim=256), plan(128, 8, 1, 128 * 8192, head_dim=128)
+    wide, narrow = plan(32, 8, 1, 32 * 8192, head_dim=256), plan(32, 8, 1, 32 * 8192, head_dim=128)
     assert (wide["warps_per_cta"], wide["splits"], narrow["splits"]) == (2, 9, 17)
+    assert plan(1, 8, 1, 1 << 20)["splits"] == 128  # one task: capped by the most splits
     assert plan(0, 32, 8, 0)["ctas"] == 0
 
 
