@@ -29,7 +29,10 @@
 //   fragment (lane (g = lane / 4, c = lane % 4) holds tokens 2c, 2c+1, 2c+8, 2c+9 of rows g and
 //   g + 8), so P never leaves registers. O += P V: ldmatrix.x4.trans of V rows gives the B
 //   fragments of two 8-dim tiles; O's tile j holds dims 8 j + 2c, 8 j + 2c + 1 of rows g, g + 8.
-//   Rows sit kRowBytes + 16 apart, so the 8 rows of an ldmatrix fall in distinct banks.
+//   Each row's 16-byte chunks are permuted by an xor with the row index (RingLayout::offset), so
+//   the 8 rows of an ldmatrix fall in distinct banks and a copy's 128-byte lines stay whole in
+//   shared memory (rows padded by 16 bytes instead split each line in two: 1.5x the L2 sector
+//   reads, and the L2, not DRAM, was the busiest unit).
 //
 // The plan picks enough splits to fill the GPU, and a second kernel merges split partials
 // (normalised outputs and their lse) in split order, so results do not depend on scheduling.
@@ -110,14 +113,18 @@ template <typename T, int D>
 struct RingLayout {
   static constexpr int kDims = D / kWarpsOf<D>;
   static constexpr int kRowBytes = kDims * int(sizeof(T));
-  static constexpr int kPitch = kRowBytes + 16;
-  static constexpr int kStageBytes = 2 * kPagedDecodeStep * kPitch;  // 16 K rows, then 16 V rows
+  static constexpr int kStageBytes = 2 * kPagedDecodeStep * kRowBytes;  // 16 K rows, then 16 V rows
+  // Byte offset of 16-byte chunk `chunk` of row `row` in a stage: chunk indices are xor-ed with
+  // row % 8, which keeps every 128-byte line of a row in one 128-byte line of shared memory
+  // (so a copy instruction's lines map whole onto shared memory) while the 8 rows that one
+  // ldmatrix reads at the same chunk fall in distinct banks.
+  __device__ static uint32_t offset(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
   static constexpr int kLanesPerRow = kRowBytes / 16;                 // 8 or 16
   static constexpr int kRowsPerCopy = 32 / kLanesPerRow;              // rows of one warp instruction
   static constexpr int kTokensPerLane = kPagedDecodeStep / kRowsPerCopy;
 };
 
-// Stages of the ring: two steps in flight while one is computed (26 KB per warp at 128 dims, so
+// Stages of the ring: two steps in flight while one is computed (24 KB per warp at 128 dims, so
 // the kPagedDecodeWarpsPerSm warps of an SM fit its shared memory on sm_90).
 constexpr int kRingStages = 3;
 
@@ -170,7 +177,6 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
   constexpr int kDims = L::kDims;
   constexpr int kKSteps = kDims / 16;
   constexpr int kTiles = kDims / 8;
-  constexpr int kPitch = L::kPitch;
   constexpr int kStageBytes = L::kStageBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -214,7 +220,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
   // multiple of 16 tokens a step lies in one page (steps start at multiples of 16): every lane
   // fetches that page's id and its rows are a fixed stride apart; otherwise lane i < 16 fetches
   // the id of token i and the copying lanes read it with a shuffle.
-  const int col = (lane % L::kLanesPerRow) * 16;
+  const int piece = lane % L::kLanesPerRow, col = piece * 16;
   const int tok0 = lane / L::kLanesPerRow;
   const unsigned char* k_base =
       reinterpret_cast<const unsigned char*>(p.k_cache) + (kv_head * p.k_stride_head + dim0) * int64_t(sizeof(T)) + col;
@@ -232,7 +238,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
   auto issue = [&](int s, int32_t id) {
     if (s < steps) {
       const int t0 = begin + s * kPagedDecodeStep;
-      const uint32_t dst = ring + (s % kStages) * kStageBytes + tok0 * kPitch + col;
+      const uint32_t stage = ring + (s % kStages) * kStageBytes;
       if (whole_pages) {
         const bool ok = static_cast<uint32_t>(id) < rp.num_pages;
         bad_page = bad_page || !ok;
@@ -243,8 +249,9 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 #pragma unroll
         for (int i = 0; i < L::kTokensPerLane; ++i) {
           const int bytes = ok && t0 + tok0 + L::kRowsPerCopy * i < end ? 16 : 0;
-          copy16(dst + L::kRowsPerCopy * i * kPitch, k_row + L::kRowsPerCopy * i * k_slot, bytes);
-          copy16(dst + (kPagedDecodeStep + L::kRowsPerCopy * i) * kPitch, v_row + L::kRowsPerCopy * i * v_slot, bytes);
+          const int tok = tok0 + L::kRowsPerCopy * i;
+          copy16(stage + L::offset(tok, piece), k_row + L::kRowsPerCopy * i * k_slot, bytes);
+          copy16(stage + L::offset(kPagedDecodeStep + tok, piece), v_row + L::kRowsPerCopy * i * v_slot, bytes);
         }
       } else {
         const bool live = t0 + (lane & 15) < end;
@@ -258,8 +265,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
           const int slot = rp.slot(t0 + tok);
           const int64_t pg = page >= 0 ? page : 0;
           const int bytes = page >= 0 ? 16 : 0;
-          copy16(dst + L::kRowsPerCopy * i * kPitch, k_base + pg * k_page + slot * k_slot, bytes);
-          copy16(dst + (kPagedDecodeStep + L::kRowsPerCopy * i) * kPitch, v_base + pg * v_page + slot * v_slot, bytes);
+          copy16(stage + L::offset(tok, piece), k_base + pg * k_page + slot * k_slot, bytes);
+          copy16(stage + L::offset(kPagedDecodeStep + tok, piece), v_base + pg * v_page + slot * v_slot, bytes);
         }
       }
     }
@@ -303,8 +310,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 
   // ldmatrix row addresses of this lane inside a stage: K matrices (token 8 (L / 16) + L % 8,
   // dims + 8 ((L / 8) % 2)); V matrices (token 8 ((L / 8) % 2) + L % 8, dims + 8 (L / 16)).
-  const uint32_t k_off = ((lane >> 4) * 8 + (lane & 7)) * kPitch + ((lane >> 3) & 1) * 16;
-  const uint32_t v_off = (kPagedDecodeStep + ((lane >> 3) & 1) * 8 + (lane & 7)) * kPitch + (lane >> 4) * 16;
+  const int ld_k_row = (lane >> 4) * 8 + (lane & 7), ld_k_chunk = (lane >> 3) & 1;
+  const int ld_v_row = kPagedDecodeStep + ((lane >> 3) & 1) * 8 + (lane & 7), ld_v_chunk = lane >> 4;
 
   for (int s = 0; s < steps; ++s) {
     const int t0 = begin + s * kPagedDecodeStep;
@@ -322,7 +329,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j) {
       uint32_t kb[4];
-      ldmatrix_x4(kb, base + k_off + 32 * j);
+      ldmatrix_x4(kb, base + L::offset(ld_k_row, 2 * j + ld_k_chunk));
       mma_16x8x16<T>(acc[j & 1][0], qa[j], kb[0], kb[1]);
       mma_16x8x16<T>(acc[j & 1][1], qa[j], kb[2], kb[3]);
     }
@@ -377,7 +384,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 #pragma unroll
     for (int i = 0; i < kTiles / 2; ++i) {
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, base + v_off + 32 * i);
+      ldmatrix_x4_trans(vb, base + L::offset(ld_v_row, 2 * i + ld_v_chunk));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float(&acc_o)[4] = o[2 * i + h];
@@ -504,15 +511,14 @@ template <typename T, int D>
 int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   static_assert(kWarpsOf<D> == paged_decode_warps(D), "the plan counts the kernel's warps");
   constexpr int kSmem = kWarpsOf<D> * kRingStages * RingLayout<T, D>::kStageBytes;
-  // A ring above 48 KB (head_dim 256: two warps' rings) needs opting in, once per device.
-  if constexpr (kSmem > 48 * 1024) {
-    static std::atomic<bool> opted_in[64];
-    if (device < 0 || device >= 64 || !opted_in[device].load(std::memory_order_relaxed)) {
-      const cudaError_t e = cudaFuncSetAttribute(paged_decode_ring_kernel<T, D, kRingStages>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (e != cudaSuccess) return static_cast<int>(e);
-      if (device >= 0 && device < 64) opted_in[device].store(true, std::memory_order_relaxed);
-    }
+  // Dynamic shared memory past 48 KB in all (head_dim 256: two warps' rings and the static
+  // arrays) needs opting in; done once per device for every instantiation.
+  static std::atomic<bool> opted_in[64];
+  if (device < 0 || device >= 64 || !opted_in[device].load(std::memory_order_relaxed)) {
+    const cudaError_t e = cudaFuncSetAttribute(paged_decode_ring_kernel<T, D, kRingStages>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    if (device >= 0 && device < 64) opted_in[device].store(true, std::memory_order_relaxed);
   }
   paged_decode_ring_kernel<T, D, kRingStages>
       <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, kSmem, stream>>>(p, plan.head_chunks, plan.splits);

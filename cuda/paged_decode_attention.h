@@ -49,8 +49,8 @@ constexpr int kPagedDecodeRows = 16;
 constexpr int paged_decode_warps(int64_t head_dim) { return head_dim > 128 ? static_cast<int>(head_dim / 128) : 1; }
 // Tokens per step of the main loop: one 16-deep k-step of the P.V product.
 constexpr int kPagedDecodeStep = 16;
-// Warps resident per SM that the plan counts on: a warp holds about 170 registers per thread and
-// a 26 KB ring of K and V rows in shared memory at 128 dims, so 8 fit an sm_90 SM (fewer where
+// Warps resident per SM that the plan counts on: a warp holds about 200 registers per thread and
+// a 24 KB ring of K and V rows in shared memory at 128 dims, so 8 fit an sm_90 SM (fewer where
 // shared memory is smaller: the plan then makes more waves than it counts).
 constexpr int kPagedDecodeWarpsPerSm = 8;
 // A split keeps at least this many tokens of an average request (two steps).
