@@ -132,19 +132,19 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Four 8x8 b16 matrices from shared memory in mma fragment layout (kTrans: transposed).
+template <bool kTrans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-#endif
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
 #endif
 }
 
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j) {
       uint32_t kb[4];
-      ldmatrix_x4(kb, base + L::offset(ld_k_row, 2 * j + ld_k_chunk));
+      ldmatrix_x4<false>(kb, base + L::offset(ld_k_row, 2 * j + ld_k_chunk));
       mma_16x8x16<T>(acc[j & 1][0], qa[j], kb[0], kb[1]);
       mma_16x8x16<T>(acc[j & 1][1], qa[j], kb[2], kb[3]);
     }
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 #pragma unroll
     for (int i = 0; i < kTiles / 2; ++i) {
       uint32_t vb[4];
-      ldmatrix_x4_trans(vb, base + L::offset(ld_v_row, 2 * i + ld_v_chunk));
+      ldmatrix_x4<true>(vb, base + L::offset(ld_v_row, 2 * i + ld_v_chunk));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float(&acc_o)[4] = o[2 * i + h];
