@@ -634,7 +634,8 @@ def test_call_binds_to_its_definition(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 128])
-@pytest.mark.parametrize("config", [(32, 8, 128, 1), (32, 4, 128, 64), (6, 1, 64, 3), (40, 2, 256, 5)],
+@pytest.mark.parametrize("config", [(32, 8, 128, 1), (32, 4, 128, 64), (6, 1, 64, 3), (40, 2, 256, 5),
+                                    (8, 2, 128, 48)],  # 48: whole 16-token steps in pages that are no power of two
                          ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
 def test_every_split_count(seed, splits, config):
     """Split plans forced past the heuristic (more splits than some requests have tokens), the
@@ -678,10 +679,11 @@ def test_cuda_serving_shapes(seed, dtype, batch, context):
 
 
 @pytest.mark.gpu
-def test_cuda_bad_layout_is_refused_or_gives_nan(seed):
+@pytest.mark.parametrize("page_size", [16, 5])  # a step within one page, or across pages
+def test_cuda_bad_layout_is_refused_or_gives_nan(seed, page_size):
     """Checked: a clear error. With skip_check=True (no synchronisation): the request whose
     layout is bad gets NaN, never a read out of bounds; the others stay right."""
-    problem = Problem(torch.Generator().manual_seed(seed), [40, 17, 64], 16, 2, 128, 16, torch.bfloat16)
+    problem = Problem(torch.Generator().manual_seed(seed), [40, 17, 64], 16, 2, 128, page_size, torch.bfloat16)
     q, k, v, indptr, indices = problem.args("cuda")
     bad = indices.clone()
     bad[int(problem.kv_indptr[1])] = 10**6  # request 1's first page
@@ -694,7 +696,7 @@ def test_cuda_bad_layout_is_refused_or_gives_nan(seed):
     good = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=last)
     assert torch.equal(out[0], good[0][0]) and torch.equal(out[2], good[0][2])
     long_last = last.clone()
-    long_last[2] = 17
+    long_last[2] = page_size + 1
     out, lse = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=long_last, skip_check=True)
     assert torch.isnan(lse[2]).all() and not torch.isnan(lse[:2]).any()
 
