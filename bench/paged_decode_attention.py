@@ -3,6 +3,7 @@
 
     python3 bench/paged_decode_attention.py --out results.json --markdown bench/results/DATE_GPU_COMMIT_paged_decode.md
     python3 bench/paged_decode_attention.py --splits 1,2,4,8,16,32     # also time forced split counts (plan tuning)
+    python3 bench/paged_decode_attention.py --cases 32x2048,128x512,32xtail --impls opforge,sdpa   # a quick subset
     python3 bench/paged_decode_attention.py --dry-run     # every code path on tiny CPU tensors, numbers meaningless
     python3 bench/paged_decode_attention.py --render results.json      # re-render the tables of a saved run
 
@@ -287,7 +288,11 @@ def run_case(label: str, lengths: list[int], args, ctx) -> dict:
                                           case.indices.numel() * case.page_size, sms)
     row = {"label": label, "batch": case.batch, "tokens": sum(lengths), "longest": max(lengths), "bytes": nbytes,
            "n_sets": len(case.sets), "plan": plan, "impls": {}}
+    selected = set(args.impls.split(",")) | {"opforge"} if args.impls else set(IMPLS)
     for impl in IMPLS:
+        if impl not in selected:
+            row["impls"][impl] = {"status": "n/a", "error": "not selected (--impls)"}
+            continue
         if impl in missing:
             row["impls"][impl] = {"status": "n/a", "error": missing[impl]}
             continue
@@ -423,7 +428,21 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's")
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA where its gathered KV exceeds this")
-    return p.parse_args(argv)
+    p.add_argument("--cases", help="comma-separated cases to run, BATCHxCONTEXT or BATCHxMIX (32x2048, 8xuniform); "
+                                   "default: all")
+    p.add_argument("--impls", help=f"comma-separated implementations to time, of {', '.join(IMPLS)}; default: all "
+                                   "(opforge always runs: the targets are its)")
+    args = p.parse_args(argv)
+    if args.impls:
+        unknown = set(args.impls.split(",")) - set(IMPLS)
+        if unknown:
+            p.error(f"--impls: unknown {', '.join(sorted(unknown))} (known: {', '.join(IMPLS)})")
+    return args
+
+
+def case_key(label: str, batch: int, context: int) -> str:
+    """The name --cases selects a case by: 32x2048, or 8xuniform for a mix."""
+    return f"{batch}x{context}" if label == "same" else f"{batch}x{label}"
 
 
 def main(argv=None) -> int:
@@ -440,11 +459,21 @@ def main(argv=None) -> int:
     print(f"copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
     gen = torch.Generator().manual_seed(0)
     grid = DRY_GRID if args.dry_run else [(b, c) for b in BATCHES for c in CONTEXTS]
-    cases = [("same", lengths_for("same", b, c, gen)) for b, c in grid]
-    cases += [(kind, lengths_for(kind, b, c, gen)) for kind, b, c in (DRY_MIXES if args.dry_run else MIXES)]
+    specs = [("same", b, c) for b, c in grid] + list(DRY_MIXES if args.dry_run else MIXES)
+    # Lengths are drawn for every case in order, selected or not, so a subset draws what the full
+    # run draws.
+    cases = [(kind, lengths_for(kind, b, c, gen), case_key(kind, b, c)) for kind, b, c in specs]
+    if args.cases:
+        wanted = {name.strip().replace("×", "x") for name in args.cases.split(",") if name.strip()}
+        unknown = wanted - {key for _, _, key in cases}
+        if unknown:
+            print(f"--cases: no case named {', '.join(sorted(unknown))} (known: "
+                  f"{', '.join(key for _, _, key in cases)})", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if c[2] in wanted]
     rows = []
     with torch.no_grad():
-        for label, lengths in cases:
+        for label, lengths, _ in cases:
             rows.append(run_case(label, lengths, args, ctx))
             print(f"[{time.time() - t0:6.1f}s] {case_name(rows[-1])}: {progress(rows[-1])}", flush=True)
     results = {"meta": meta, "copy_gbps": ctx.copy_gbps, "targets_pct_copy": TARGETS, "cases": rows,

@@ -53,3 +53,6 @@ $PY -m pytest tests -q -p no:cacheprovider -m slow
 step "benchmarks (quick CPU mode)"
 OPFORGE_BENCH_QUICK=1 $PY -m pytest bench -q -p no:cacheprovider
 $PY bench/roofline.py --dry-run
+# The paged-decode benchmark's every case on tiny CPU tensors (the Triton column's interpreter
+# would take a minute; the Triton solution is tested in tests/).
+$PY bench/paged_decode_attention.py --dry-run --impls opforge,sdpa
