@@ -35,7 +35,7 @@
 //   reads, and the L2, not DRAM, was the busiest unit).
 //
 // The plan picks enough splits to fill the GPU, and a second kernel merges split partials
-// (normalised outputs and their lse) in split order, so results do not depend on scheduling.
+// (normalised outputs and their lse) in a fixed order, so results do not depend on scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
