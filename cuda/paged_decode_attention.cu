@@ -168,6 +168,11 @@ __device__ __forceinline__ void copy_wait() {
 #endif
 }
 
+// One task per CTA: the query heads head0 .. head0 + rows - 1 (one KV head's, at most 16) of
+// request b over the tokens of one split. Head dims above 128 are shared out over warps, 128
+// each (the accumulators of 256 dims would not fit one warp's registers), each with its own ring;
+// each warp computes its part of S, and the parts are added through shared memory in warp order,
+// so every warp holds the same S. See the file comment for the layouts.
 template <typename T, int D, int kStages>
 __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWarpsOf<D>)
     paged_decode_ring_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
@@ -196,6 +201,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
   extern __shared__ __align__(128) unsigned char ring_all[];
   const uint32_t ring = smem_addr(ring_all + warp * kStages * kStageBytes);
 
+  // The request's layout (uniform across the warp). Invalid layouts give NaN, never a read
+  // outside kv_indices or the caches.
   const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
   bool bad = first < 0 || last < first || last > p.num_indices;
   int n = 0;
@@ -204,6 +211,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     bad = tail < 1 || tail > p.page_size;
     if (!bad) n = static_cast<int>((last - first - 1) * p.page_size + tail);
   }
+  // This split's tokens: equal slices of whole steps.
   const int64_t slice = (int64_t(n) + splits - 1) / splits;
   const int64_t per_split = (slice + kPagedDecodeStep - 1) / kPagedDecodeStep * kPagedDecodeStep;
   const int begin = static_cast<int>(min64(n, split * per_split));
@@ -273,6 +281,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     copy_commit();  // one group per step, empty past the end, so the waits count steps
   };
 
+  // Q as A fragments, one per k-step, in natural dim order: rows g and g + 8 (zero past the
+  // chunk's heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
   uint32_t qa[kKSteps][4];
   {
     const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
@@ -303,8 +313,10 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
   float o[kTiles][4];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m[2] = {kNegInf, kNegInf};
-  float l[2] = {0.f, 0.f};
+  float m[2] = {kNegInf, kNegInf};  // running max of rows g, g + 8 (base-2 logits)
+  float l[2] = {0.f, 0.f};          // this lane's share of the running sums
+  // Parts of S from every warp (kWarps > 1), double-buffered by step parity: a warp writes the
+  // next step's buffer only after all have passed this step's barrier.
   __shared__ float4 s_parts[kWarps > 1 ? 2 : 1][kWarps][2][kWarps > 1 ? 32 : 1];
   int parity = 0;
 
@@ -355,6 +367,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
       }
       parity ^= 1;
     }
+    // Online softmax in base 2: sc[h][0..1] are row g's, sc[h][2..3] row g + 8's; half h holds
+    // tokens t0 + 8 h + 2c (+1).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -366,10 +380,10 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = fmaxf(fmaxf(sc[0][2 * r], sc[0][2 * r + 1]), fmaxf(sc[1][2 * r], sc[1][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m[r], mx);
-      const float base_m = m_new == kNegInf ? 0.f : m_new;
+      const float base_m = m_new == kNegInf ? 0.f : m_new;  // nothing seen yet: keeps exp2 off -inf - -inf
       alpha[r] = exp2f(m[r] - base_m);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -379,6 +393,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
       l[r] = l[r] * alpha[r] + ((sc[0][2 * r] + sc[0][2 * r + 1]) + (sc[1][2 * r] + sc[1][2 * r + 1]));
       m[r] = m_new;
     }
+    // O = alpha O + P V over the step's 16 tokens (k slot i <-> token t0 + i).
     const uint32_t pa[4] = {pack2<T>(sc[0][0], sc[0][1]), pack2<T>(sc[0][2], sc[0][3]), pack2<T>(sc[1][0], sc[1][1]),
                             pack2<T>(sc[1][2], sc[1][3])};
 #pragma unroll
@@ -394,11 +409,13 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     }
   }
 
+  // Row sums over the 4 lanes of each row; a bad page id anywhere spoils the whole task.
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
+  // Every warp fetched the same page ids, so each one's flag is the task's.
   bad = bad || __any_sync(0xffffffffu, bad_page);
   const float nan = __int_as_float(0x7fffffff);
   const int64_t rows_total = p.batch * p.num_qo_heads;
@@ -407,6 +424,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     const int row = g + 8 * r;
     if (row >= rows) continue;
     const int64_t head = head0 + row;
+    // l == 0: no token (a zero output, lse -inf); a NaN l stays NaN.
     const float inv = bad ? nan : l[r] == 0.f ? 0.f : 1.f / l[r];
     const float lse = bad ? nan : l[r] == 0.f ? kNegInf : m[r] + log2f(l[r]);
     // O's tile j holds dims 8 j + 2c and 8 j + 2c + 1 of this row.
@@ -446,7 +464,8 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 constexpr int kMergeThreads = 256;
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kMergeThreads) paged_decode_merge_kernel(const PagedDecodeParams p, const int splits) {
+__global__ void __launch_bounds__(kMergeThreads)
+    paged_decode_merge_kernel(const PagedDecodeParams p, const int splits) {
   wait_for_previous_grid();
   constexpr int kLanes = D / 4;
   constexpr int kGroups = kMergeThreads / kLanes;
@@ -525,8 +544,9 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int de
   const int err = last_launch_status();
   if (err != 0 || plan.splits == 1) return err;
   const bool pdl = image_waits_for_previous_grid<paged_decode_merge_kernel<T, D>>(device);
-  return static_cast<int>(launch_kernel(paged_decode_merge_kernel<T, D>, dim3(static_cast<unsigned>(p.batch * p.num_qo_heads)),
-                                        dim3(kMergeThreads), 0, stream, pdl, p, plan.splits));
+  const dim3 rows(static_cast<unsigned>(p.batch * p.num_qo_heads));
+  return static_cast<int>(launch_kernel(paged_decode_merge_kernel<T, D>, rows, dim3(kMergeThreads), 0, stream, pdl, p,
+                                        plan.splits));
 }
 
 template <int D>

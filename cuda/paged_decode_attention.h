@@ -97,7 +97,7 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // 1. enough for the tasks to make two waves (the second evens out requests of unequal lengths);
 // 2. enough for kPagedDecodeFewTaskCtasPerSm CTAs per SM, or kPagedDecodeSkewSplits if more;
 // 3. kPagedDecodeMinSplitTokens tokens per split of an average request; kPagedDecodeMaxSplits.
-// Measured on an H100 (bench/results/2026-11-26_h100_*_paged_decode_ring/): against the best
+// Measured on an H100 (bench/results/2026-11-26_h100_fbf46c4_paged_decode_merge/): against the best
 // forced split count of each uniform batch this loses at most a few percent except at batch
 // 128 x 512 (3 splits where 1 is 13% faster), and it keeps 8 splits for a long request among
 // short ones (1.8x faster than 2 splits there).
