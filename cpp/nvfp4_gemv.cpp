@@ -181,14 +181,21 @@ void check_k_contiguous(const Operand& o) {
   }
 }
 
-Nvfp4GemvPlan forced_or_chosen_plan(int64_t m, int64_t k, int64_t l, int sms, int rows, int group, int splits) {
-  if (rows < 0 && group < 0 && splits < 0) return cuda::choose_nvfp4_gemv_plan(m, k, l, sms);
-  const Nvfp4GemvPlan plan = cuda::nvfp4_gemv_plan(m, l, sms, rows, group, splits);
+Nvfp4GemvPlan forced_or_chosen_plan(int64_t m, int64_t k, int64_t l, int sms, int rows, int group, int splits,
+                                    int blocks_per_sm) {
+  if (rows < 0 && group < 0 && splits < 0) {  // the heuristic's plan, its occupancy forced or not
+    const Nvfp4GemvPlan chosen = cuda::choose_nvfp4_gemv_plan(m, k, l, sms);
+    if (blocks_per_sm < 0 || chosen.rows == 0) return chosen;
+    rows = chosen.rows, group = chosen.group, splits = chosen.splits;
+  }
+  const Nvfp4GemvPlan plan = cuda::nvfp4_gemv_plan(m, k, l, sms, rows, group, splits, blocks_per_sm < 0 ? -1 : blocks_per_sm);
   if (plan.rows == 0) {
     throw_value_error(kPrefix + "plan (rows=" + std::to_string(rows) + ", group=" + std::to_string(group) +
-                      ", splits=" + std::to_string(splits) + ") is not valid; accepted: rows 1, 2 or 4, group a "
-                      "power of two up to " + std::to_string(cuda::kNvfp4Threads) + ", splits 1.." +
-                      std::to_string(cuda::kNvfp4MaxSplits) + " (all three given)");
+                      ", splits=" + std::to_string(splits) + ", blocks_per_sm=" + std::to_string(blocks_per_sm) +
+                      ") is not valid; accepted: rows 1, 2 or 4, group a power of two up to " +
+                      std::to_string(cuda::kNvfp4Threads) + ", splits 1.." + std::to_string(cuda::kNvfp4MaxSplits) +
+                      " (all three given), blocks_per_sm " + std::to_string(cuda::kNvfp4DeepBlocksPerSm) + " or " +
+                      std::to_string(cuda::kNvfp4WideBlocksPerSm) + " (-1: chosen by the row length)");
   }
   return plan;
 }
@@ -198,7 +205,7 @@ Nvfp4GemvPlan forced_or_chosen_plan(int64_t m, int64_t k, int64_t l, int sms, in
 // fp32 elements of workspace to call again with (nothing is written then).
 int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::handle scale_a_obj,
                    nb::handle scale_b_obj, nb::handle workspace_obj, uintptr_t stream, bool launch, int rows, int group,
-                   int splits) {
+                   int splits, int blocks_per_sm) {
   const Operand a = operand(a_obj, "a", Kind::kFp4, "[M, K/2, L]");
   check_device_supported(kCtx, a.device_view());
   const Operand b = operand(b_obj, "b", Kind::kFp4, "[1, K/2, L]");
@@ -269,7 +276,7 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
   } else {
 #ifdef OPFORGE_WITH_CUDA
     const int device = a.t.device_id();
-    const Nvfp4GemvPlan plan = forced_or_chosen_plan(m, k, l, cuda::sm_count(device), rows, group, splits);
+    const Nvfp4GemvPlan plan = forced_or_chosen_plan(m, k, l, cuda::sm_count(device), rows, group, splits, blocks_per_sm);
     if (cuda::nvfp4_gemv_tasks(m, l, plan.rows, plan.splits) > INT32_MAX) {
       throw_value_error(kPrefix + "M * L = " + std::to_string(m * l) + " outputs times " +
                         std::to_string(plan.splits) + " splits of K exceed the kernel's 31-bit task index");
@@ -294,15 +301,16 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
   return 0;
 }
 
-nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group, int splits) {
+nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group, int splits, int blocks_per_sm) {
   if (m < 0 || k < 0 || l < 0 || k % 64 != 0 || sms < 1) {
     throw_value_error(kPrefix + "plan needs M, L >= 0, K a multiple of 64 and sms >= 1");
   }
-  const Nvfp4GemvPlan plan = forced_or_chosen_plan(m, k, l, sms, rows, group, splits);
+  const Nvfp4GemvPlan plan = forced_or_chosen_plan(m, k, l, sms, rows, group, splits, blocks_per_sm);
   nb::dict d;
   d["rows"] = plan.rows;
   d["group"] = plan.group;
   d["splits"] = plan.splits;
+  d["blocks_per_sm"] = plan.blocks_per_sm;
   d["blocks"] = plan.blocks;
   d["workspace"] = cuda::nvfp4_gemv_workspace_elems(plan, m, l);
   return d;
@@ -313,12 +321,13 @@ nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group
 void bind_nvfp4_gemv(nb::module_& m) {
   m.def("nvfp4_gemv", &nvfp4_gemv, nb::arg("out"), nb::arg("a"), nb::arg("b"), nb::arg("scale_a"),
         nb::arg("scale_b"), nb::arg("workspace").none(), nb::arg("stream"), nb::arg("launch"), nb::arg("rows") = -1,
-        nb::arg("group") = -1, nb::arg("splits") = -1,
+        nb::arg("group") = -1, nb::arg("splits") = -1, nb::arg("blocks_per_sm") = -1,
         "c = A @ B per batch for NVFP4 operands, into `out`; see opforge.ops.nvfp4. Returns 0, or the float32\n"
         "workspace elements a CUDA plan that splits K needs (call again with it; nothing was written).\n"
-        "rows/group/splits force the CUDA plan (all three, for tuning); -1: the heuristic.");
+        "rows/group/splits force the CUDA plan (all three, for tuning), blocks_per_sm (2 or 4) its kernel's\n"
+        "occupancy (alone: the heuristic's plan at that occupancy); -1: the heuristic.");
   m.def("nvfp4_gemv_plan", &plan_dict, nb::arg("m"), nb::arg("k"), nb::arg("l"), nb::arg("sms"),
-        nb::arg("rows") = -1, nb::arg("group") = -1, nb::arg("splits") = -1,
+        nb::arg("rows") = -1, nb::arg("group") = -1, nb::arg("splits") = -1, nb::arg("blocks_per_sm") = -1,
         "The CUDA launch plan of nvfp4_gemv for an M x K x L problem on a GPU with `sms` multiprocessors.");
 }
 

@@ -256,14 +256,17 @@ __device__ __forceinline__ unsigned short load_scale_b(const uint8_t* p) {
 // A group of `group` threads computes a task: ROWS rows of one batch over one slice of K (the
 // plan in nvfp4_gemv.h); the groups of the (resident) grid loop over the tasks. WIDE: every row
 // of A and B starts 16-byte aligned and every scale row 2-byte aligned (always so for tensors
-// allocated by torch); otherwise the same math reads bytes (a fallback for offset views, allowed
-// more registers: its grid may then take two rounds of blocks, which the task loop absorbs).
-template <int ROWS, bool WIDE>
-__global__ void __launch_bounds__(kNvfp4Threads, WIDE ? kNvfp4BlocksPerSm : 1)
+// allocated by torch); compiled for BPS blocks per SM. Otherwise the same math reads bytes (a
+// fallback for offset views, BPS = 1: allowed more registers, its grid may then take two rounds
+// of blocks, which the task loop absorbs).
+template <int ROWS, bool WIDE, int BPS>
+__global__ void __launch_bounds__(kNvfp4Threads, BPS)
     nvfp4_gemv_kernel(const Nvfp4GemvParams p, const int group, const int splits) {
-  // Unrolled steps: 8 vectors of A in flight per thread. The byte-load path keeps one step: its
-  // vectors arrive as 16 separate bytes, which would not fit the register budget 8 times over.
-  constexpr int U = WIDE ? 8 / ROWS : 1;
+  // Unrolled steps: 8 or 4 vectors of A in flight per thread (the plan's occupancy). The
+  // byte-load path keeps one step: its vectors arrive as 16 separate bytes, which would not fit
+  // the register budget 8 times over.
+  constexpr int kInFlight = kNvfp4VectorsInFlight<BPS>;
+  constexpr int U = WIDE ? (kInFlight >= ROWS ? kInFlight / ROWS : 1) : 1;
   __shared__ float partial[kNvfp4Threads / 32][ROWS];
 
   const int lane = threadIdx.x & (group - 1);
@@ -397,10 +400,12 @@ __global__ void __launch_bounds__(256) nvfp4_gemv_add_splits_kernel(const Nvfp4G
 template <int ROWS>
 void launch_rows(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, bool wide, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.blocks));
-  if (wide) {
-    nvfp4_gemv_kernel<ROWS, true><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
+  if (!wide) {
+    nvfp4_gemv_kernel<ROWS, false, 1><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
+  } else if (plan.blocks_per_sm == kNvfp4WideBlocksPerSm) {
+    nvfp4_gemv_kernel<ROWS, true, kNvfp4WideBlocksPerSm><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
   } else {
-    nvfp4_gemv_kernel<ROWS, false><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
+    nvfp4_gemv_kernel<ROWS, true, kNvfp4DeepBlocksPerSm><<<grid, kNvfp4Threads, 0, stream>>>(p, plan.group, plan.splits);
   }
 }
 
@@ -419,6 +424,7 @@ bool rows_aligned(const void* ptr, int64_t align, std::initializer_list<std::pai
 int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int device, void* stream_ptr) {
   if (p.m == 0 || p.l == 0) return 0;
   if (plan.rows == 0 || plan.blocks <= 0 || plan.blocks > INT32_MAX ||
+      (plan.blocks_per_sm != kNvfp4DeepBlocksPerSm && plan.blocks_per_sm != kNvfp4WideBlocksPerSm) ||
       nvfp4_gemv_tasks(p.m, p.l, plan.rows, plan.splits) > INT32_MAX) {
     return static_cast<int>(cudaErrorInvalidConfiguration);
   }

@@ -31,11 +31,17 @@ struct Nvfp4GemvParams {
   int64_t out_stride_m = 0, out_stride_l = 0;
 };
 
-// Threads per block of the main kernel, and blocks resident per SM (the kernel is compiled for
-// two: at most 128 registers per thread). The grid never exceeds what is resident at once; the
-// groups loop over the tasks, so no block waits for a second wave.
+// Threads per block of the main kernel. It comes in two occupancies, compiled for 2 or 4 blocks
+// per SM (at most 128 or 64 registers per thread), with 8 or 4 vectors of A in flight per thread:
+// the same bytes in flight per SM, held by 16 or 32 warps. The grid never exceeds what is resident
+// at once; the groups loop over the tasks, so no block waits for a second wave.
 constexpr int kNvfp4Threads = 256;
-constexpr int kNvfp4BlocksPerSm = 2;
+constexpr int kNvfp4DeepBlocksPerSm = 2;
+constexpr int kNvfp4WideBlocksPerSm = 4;
+
+// Vectors of A in flight per thread (over all rows of a task) in the kernel for BPS blocks per SM.
+template <int BPS>
+constexpr int kNvfp4VectorsInFlight = BPS == kNvfp4WideBlocksPerSm ? 4 : 8;
 // A 16-byte vector of A holds 32 FP4 values: two scale blocks.
 constexpr int64_t kNvfp4VectorElems = 32;
 // Most splits of K across blocks (each adds M * L floats of workspace).
@@ -45,13 +51,15 @@ constexpr int kNvfp4MaxSplits = 64;
 // rows share each decoded vector of B. A group of `group` threads (a power of two, 1..256; more
 // than 32 spans whole warps of one block and adds through shared memory) computes a task, each
 // thread reading the 16-byte vectors lane, lane + group, ... of the slice with 8 / rows steps
-// unrolled: 8 vectors of A in flight per thread (in the kernel for aligned operands, the one
-// every torch-allocated tensor gets). `splits` > 1 cuts K into that many slices whose
-// fp32 partial sums a second kernel adds in slice order (deterministic). `blocks`: the grid.
+// unrolled: 8 or 4 vectors of A in flight per thread, as `blocks_per_sm` says (in the kernel for
+// aligned operands, the one every torch-allocated tensor gets). `splits` > 1 cuts K into that
+// many slices whose fp32 partial sums a second kernel adds in slice order (deterministic).
+// `blocks`: the grid.
 struct Nvfp4GemvPlan {
   int rows = 0;  // 0: no valid plan
   int group = 0;
   int splits = 0;
+  int blocks_per_sm = 0;
   int64_t blocks = 0;
 };
 
@@ -64,20 +72,32 @@ inline int64_t nvfp4_gemv_tasks(int64_t m, int64_t l, int rows, int splits) {
   return nvfp4_cdiv(m, rows) * l * splits;
 }
 
-// Completes a plan from its three choices; rows = 0 when they are out of range.
-inline Nvfp4GemvPlan nvfp4_gemv_plan(int64_t m, int64_t l, int sms, int rows, int group, int splits) {
+// Completes a plan from its choices; rows = 0 when they are out of range. blocks_per_sm -1: 4
+// where each thread reads at most 8 vectors of a row's slice, else 2. Short rows make short
+// tasks, whose first loads wait with nothing else in flight in their warp; twice the warps keep
+// the SM's loads going meanwhile (measured on an H100: 7168 x 2048 x 4 1.08x faster; at
+// 7168 x 16384 x 1, 16 vectors per thread, the deeper kernel is 3% faster).
+inline Nvfp4GemvPlan nvfp4_gemv_plan(int64_t m, int64_t k, int64_t l, int sms, int rows, int group, int splits,
+                                     int blocks_per_sm = -1) {
   Nvfp4GemvPlan p;
   if ((rows != 1 && rows != 2 && rows != 4) || !nvfp4_is_pow2(group) || group > kNvfp4Threads || splits < 1 ||
-      splits > kNvfp4MaxSplits || sms < 1) {
+      splits > kNvfp4MaxSplits || sms < 1 ||
+      (blocks_per_sm != -1 && blocks_per_sm != kNvfp4DeepBlocksPerSm && blocks_per_sm != kNvfp4WideBlocksPerSm)) {
     return p;
   }
+  if (blocks_per_sm == -1) {
+    const int64_t per_thread = nvfp4_cdiv(nvfp4_cdiv(k / kNvfp4VectorElems, splits), group);
+    blocks_per_sm = per_thread <= 8 ? kNvfp4WideBlocksPerSm : kNvfp4DeepBlocksPerSm;
+  }
   // Up to one block per SM: as many as the tasks fill. Beyond: every resident block, the tasks
-  // dealt over them in turn, so that each SM gets the same share to within a task.
+  // dealt over them in turn, so that each SM gets the same share to within a task (fewer blocks
+  // than resident would leave some SMs a block short).
   const int64_t needed = nvfp4_cdiv(nvfp4_gemv_tasks(m, l, rows, splits) * group, kNvfp4Threads);
   p.rows = rows;
   p.group = group;
   p.splits = splits;
-  p.blocks = needed <= sms ? needed : int64_t(sms) * kNvfp4BlocksPerSm;
+  p.blocks_per_sm = blocks_per_sm;
+  p.blocks = needed <= sms ? needed : int64_t(sms) * blocks_per_sm;
   return p;
 }
 
@@ -88,14 +108,16 @@ inline Nvfp4GemvPlan nvfp4_gemv_plan(int64_t m, int64_t l, int sms, int rows, in
 //    allows (1 vector per thread) leave the GPU short of that goal; then 2, then 1.
 // 2. group: 16 threads (4 vectors per thread at K = 2048), narrowed to the row's vector count for
 //    short rows, and widened while the groups would fill less than 3/4 of the resident threads
-//    (512 per SM) and every thread keeps a vector per row. Narrow groups spend less on the
+//    (512 per SM in the deeper kernel) and every thread keeps a vector per row. Narrow groups spend less on the
 //    reduction per task; wide ones keep the SMs full when M * L is small. (Measured on an H100
 //    over groups 8..256 at the shapes below: within 2% of the best plan at every one.)
 // 3. splits: only when a 256-thread group per row still leaves the goal unmet (M * L small
 //    against the SM count) and every slice keeps 2 vectors per thread: the second kernel and
 //    M * L * splits floats of workspace are worth it then.
-// On 132 SMs: 7168 x 16384 x 1 gets rows 4, group 32; 4096 x 7168 x 8 and 7168 x 2048 x 4
-// rows 4, group 16; 128 x 7168 x 1 rows 1, group 128; none splits K.
+// 4. blocks per SM: 4 for short row slices, else 2 (nvfp4_gemv_plan).
+// On 132 SMs: 7168 x 16384 x 1 gets rows 4, group 32, 2 blocks per SM; 4096 x 7168 x 8 rows 4,
+// group 16, 2 per SM; 7168 x 2048 x 4 rows 4, group 16, 4 per SM; 128 x 7168 x 1 rows 1, group
+// 128; none splits K.
 inline Nvfp4GemvPlan choose_nvfp4_gemv_plan(int64_t m, int64_t k, int64_t l, int sms) {
   const int64_t nv = k / kNvfp4VectorElems;  // 16-byte vectors per row of A
   const int64_t goal = int64_t(sms) * 256;   // threads
@@ -110,7 +132,7 @@ inline Nvfp4GemvPlan choose_nvfp4_gemv_plan(int64_t m, int64_t k, int64_t l, int
   while (group < widest && groups * group < fill) group *= 2;
   int splits = 1;
   while (splits < kNvfp4MaxSplits && groups * group * splits < goal && nv >= 4 * group * splits) splits *= 2;
-  return nvfp4_gemv_plan(m, l, sms, rows, group, splits);
+  return nvfp4_gemv_plan(m, k, l, sms, rows, group, splits);
 }
 
 // fp32 elements of workspace a plan needs (0 without a split).

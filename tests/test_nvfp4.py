@@ -434,15 +434,27 @@ def plan(m, k, l, sms=132, **force):
     return _C.nvfp4_gemv_plan(m, k, l, sms, **force)
 
 
-@pytest.mark.parametrize("m, k, l, group", [(7168, 16384, 1, 32), (4096, 7168, 8, 16), (7168, 2048, 4, 16)], ids=str)
-def test_plan_of_the_decode_shapes(m, k, l, group):
+@pytest.mark.parametrize("m, k, l, group, blocks_per_sm", [(7168, 16384, 1, 32, 2), (4096, 7168, 8, 16, 2),
+                                                            (7168, 2048, 4, 16, 4)], ids=str)
+def test_plan_of_the_decode_shapes(m, k, l, group, blocks_per_sm):
     """Enough rows x batches to fill an H100 with 4-row groups: no split, no workspace, every
-    block resident at once (2 per SM), the tasks dealt over them; 16-thread groups where they
-    still fill 3/4 of the resident threads, a warp where they would not (the plans measured
-    fastest on an H100, bench/results)."""
+    block resident at once, the tasks dealt over them; 16-thread groups where they still fill 3/4
+    of the resident threads, a warp where they would not; 4 blocks per SM (4 vectors in flight
+    per thread) where a thread reads at most 8 vectors of a row, 2 (8 in flight) for longer rows
+    (the plans measured fastest on an H100, bench/results)."""
     p = plan(m, k, l)
     assert (p["rows"], p["group"], p["splits"], p["workspace"]) == (4, group, 1, 0), p
-    assert p["blocks"] == 264
+    assert (p["blocks_per_sm"], p["blocks"]) == (blocks_per_sm, 132 * blocks_per_sm), p
+
+
+def test_plan_occupancy_follows_the_row_slice_per_thread():
+    """8 vectors of a row's slice per thread still take the 4-block kernel, 9 the 2-block one;
+    a split shortens the slice."""
+    assert plan(4096, 8 * 32 * 32, 8, rows=4, group=32, splits=1)["blocks_per_sm"] == 4
+    assert plan(4096, 9 * 32 * 32, 8, rows=4, group=32, splits=1)["blocks_per_sm"] == 2
+    assert plan(4096, 9 * 32 * 32, 8, rows=4, group=32, splits=2)["blocks_per_sm"] == 4
+    small = plan(100, 1024, 1)  # fewer blocks than SMs: one per SM, whatever the occupancy
+    assert small["blocks"] <= 132 and small["blocks_per_sm"] in (2, 4)
 
 
 @pytest.mark.parametrize("m", [128, 256])
@@ -475,6 +487,15 @@ def test_forced_plans():
         plan(100, 1024, 2, rows=3, group=64, splits=1)
     with pytest.raises(ValueError, match="plan"):
         plan(100, 1024, 2, rows=1, group=48, splits=1)
+    # the occupancy alone: the heuristic's plan, at that occupancy
+    chosen = plan(7168, 2048, 4)
+    deep = plan(7168, 2048, 4, blocks_per_sm=2)
+    assert (deep["rows"], deep["group"], deep["splits"]) == (chosen["rows"], chosen["group"], chosen["splits"])
+    assert (deep["blocks_per_sm"], deep["blocks"]) == (2, 264)
+    assert plan(7168, 2048, 4, rows=4, group=16, splits=1, blocks_per_sm=2)["blocks_per_sm"] == 2
+    for bad in (1, 3, 8):
+        with pytest.raises(ValueError, match="blocks_per_sm 2 or 4"):
+            plan(7168, 2048, 4, blocks_per_sm=bad)
 
 
 # --- NVFP4 layout helpers --------------------------------------------------------------------
@@ -544,25 +565,26 @@ def test_compile_reports_shape_mismatch():
 
 
 def _forced_plans():
-    return [pytest.param(r, g, s, marks=pytest.mark.gpu, id=f"rows{r}-group{g}-splits{s}")
-            for r in (1, 2, 4) for g in (1, 4, 32, 64, 256) for s in (1, 3)]
+    return [pytest.param(r, g, s, bps, marks=pytest.mark.gpu, id=f"rows{r}-group{g}-splits{s}-bps{bps}")
+            for r in (1, 2, 4) for g in (1, 4, 32, 64, 256) for s, bps in ((1, 2), (1, 4), (3, -1))]
 
 
-@pytest.mark.parametrize("rows, group, splits", _forced_plans())
+@pytest.mark.parametrize("rows, group, splits, blocks_per_sm", _forced_plans())
 @pytest.mark.parametrize("layout", ["seed", "offset"])
-def test_every_cuda_kernel_variant(seed, rows, group, splits, layout):
-    """Every instantiation (rows x aligned/byte loads) with group widths across and within warps
-    and K split or not, forced past the heuristic: M not a multiple of rows, an uneven split of
-    K, L > 1."""
+def test_every_cuda_kernel_variant(seed, rows, group, splits, blocks_per_sm, layout):
+    """Every instantiation (rows x aligned loads at either occupancy / byte loads) with group
+    widths across and within warps and K split or not, forced past the heuristic: M not a
+    multiple of rows, an uneven split of K, L > 1."""
     problem = random_problem(seeded(seed), 37, 2112, 3, *regime_ranges("balanced", 2112))
     a, b, sa, sb = problem.args("cuda", layout)
     out = poisoned_out(37, 3, "cuda", "seed")
     stream = torch.cuda.current_stream().cuda_stream
-    need = _C.nvfp4_gemv(out, a, b, sa, sb, None, stream, True, rows, group, splits)
+    forced = (rows, group, splits, blocks_per_sm)
+    need = _C.nvfp4_gemv(out, a, b, sa, sb, None, stream, True, *forced)
     assert need == (37 * 3 * splits if splits > 1 else 0)
     if need:
         workspace = torch.full((need,), float("nan"), device="cuda")
-        assert _C.nvfp4_gemv(out, a, b, sa, sb, workspace, stream, True, rows, group, splits) == 0
+        assert _C.nvfp4_gemv(out, a, b, sa, sb, workspace, stream, True, *forced) == 0
     torch.cuda.synchronize()
     assert_matches(out, problem.reference(), seed)
 
