@@ -1,7 +1,31 @@
 // Host-side device helpers for the launchers; plain C++ interface, implemented in device.cu.
 #pragma once
+#include <atomic>
 
 namespace opforge::cuda {
+
+// One int per device, computed the first time it is asked for and kept (for devices 0..63;
+// others compute every time): device attributes and per-kernel facts the launchers need once
+// per device. 0 means "not known yet", so `compute` must return a nonzero value (failures
+// included: they are kept too, as a device that cannot answer once will not later).
+class PerDevice {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  template <typename Compute>
+  int get(int device, Compute&& compute) {
+    if (device < 0 || device >= kMaxDevices) return compute();
+    int value = values_[device].load(std::memory_order_relaxed);
+    if (value == 0) {
+      value = compute();
+      values_[device].store(value, std::memory_order_relaxed);
+    }
+    return value;
+  }
+
+ private:
+  std::atomic<int> values_[kMaxDevices] = {};
+};
 
 // Multiprocessor count of `device`, read once per device and cached.
 int sm_count(int device);

@@ -6,8 +6,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <utility>
+
+#include "device.h"
 
 namespace opforge::cuda {
 
@@ -45,15 +46,13 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 // of it would read the previous kernel's output before it is written. Read once per device.
 template <auto kKernel>
 bool image_waits_for_previous_grid(int device) {
-  static std::atomic<int> known[64];  // 0 unknown, 1 yes, -1 no
-  if (device < 0 || device >= 64) return false;
-  const int k = known[device].load(std::memory_order_relaxed);
-  if (k != 0) return k > 0;
-  cudaFuncAttributes attr{};
-  const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.binaryVersion >= 90;
-  if (!yes) cudaGetLastError();  // not the launch's error
-  known[device].store(yes ? 1 : -1, std::memory_order_relaxed);
-  return yes;
+  static PerDevice memo;  // 1 yes, -1 no
+  return memo.get(device, [] {
+    cudaFuncAttributes attr{};
+    const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.binaryVersion >= 90;
+    if (!yes) cudaGetLastError();  // not the launch's error
+    return yes ? 1 : -1;
+  }) > 0;
 }
 
 }  // namespace opforge::cuda

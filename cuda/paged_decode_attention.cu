@@ -40,7 +40,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -243,6 +242,12 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     const int t = begin + s * kPagedDecodeStep + fetch_tok;
     return s < steps && t < end ? __ldg(rp.pages + rp.index(t)) : -1;
   };
+  // This lane's 16 bytes of token `tok`'s K and V rows, at slot `slot` of page `pg`, into the
+  // step's stage; `bytes` 0 zero-fills them and reads nothing.
+  auto copy_token = [&](uint32_t stage, int tok, int64_t pg, int slot, int bytes) {
+    copy16(stage + L::offset(tok, piece), k_base + pg * k_page + slot * k_slot, bytes);
+    copy16(stage + L::offset(kPagedDecodeStep + tok, piece), v_base + pg * v_page + slot * v_slot, bytes);
+  };
   auto issue = [&](int s, int32_t id) {
     if (s < steps) {
       const int t0 = begin + s * kPagedDecodeStep;
@@ -252,14 +257,10 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
         bad_page = bad_page || !ok;
         const int64_t pg = ok ? id : 0;
         const int slot = rp.slot(t0) + tok0;
-        const unsigned char* k_row = k_base + pg * k_page + slot * k_slot;
-        const unsigned char* v_row = v_base + pg * v_page + slot * v_slot;
 #pragma unroll
         for (int i = 0; i < L::kTokensPerLane; ++i) {
-          const int bytes = ok && t0 + tok0 + L::kRowsPerCopy * i < end ? 16 : 0;
           const int tok = tok0 + L::kRowsPerCopy * i;
-          copy16(stage + L::offset(tok, piece), k_row + L::kRowsPerCopy * i * k_slot, bytes);
-          copy16(stage + L::offset(kPagedDecodeStep + tok, piece), v_row + L::kRowsPerCopy * i * v_slot, bytes);
+          copy_token(stage, tok, pg, slot + L::kRowsPerCopy * i, ok && t0 + tok < end ? 16 : 0);
         }
       } else {
         const bool live = t0 + (lane & 15) < end;
@@ -270,11 +271,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
         for (int i = 0; i < L::kTokensPerLane; ++i) {
           const int tok = tok0 + L::kRowsPerCopy * i;
           const int32_t page = __shfl_sync(0xffffffffu, mine, tok);
-          const int slot = rp.slot(t0 + tok);
-          const int64_t pg = page >= 0 ? page : 0;
-          const int bytes = page >= 0 ? 16 : 0;
-          copy16(stage + L::offset(tok, piece), k_base + pg * k_page + slot * k_slot, bytes);
-          copy16(stage + L::offset(kPagedDecodeStep + tok, piece), v_base + pg * v_page + slot * v_slot, bytes);
+          copy_token(stage, tok, page >= 0 ? page : 0, rp.slot(t0 + tok), page >= 0 ? 16 : 0);
         }
       }
     }
@@ -532,13 +529,13 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int de
   constexpr int kSmem = kWarpsOf<D> * kRingStages * RingLayout<T, D>::kStageBytes;
   // Dynamic shared memory past 48 KB in all (head_dim 256: two warps' rings and the static
   // arrays) needs opting in; done once per device for every instantiation.
-  static std::atomic<bool> opted_in[64];
-  if (device < 0 || device >= 64 || !opted_in[device].load(std::memory_order_relaxed)) {
+  static PerDevice opted_in;  // 1 done, else minus the error
+  const int opt_in = opted_in.get(device, [] {
     const cudaError_t e = cudaFuncSetAttribute(paged_decode_ring_kernel<T, D, kRingStages>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    if (device >= 0 && device < 64) opted_in[device].store(true, std::memory_order_relaxed);
-  }
+    return e == cudaSuccess ? 1 : -static_cast<int>(e);
+  });
+  if (opt_in < 0) return -opt_in;
   paged_decode_ring_kernel<T, D, kRingStages>
       <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, kSmem, stream>>>(p, plan.head_chunks, plan.splits);
   const int err = last_launch_status();
