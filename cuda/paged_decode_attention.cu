@@ -452,13 +452,85 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 }
 
 // Second pass of a split plan: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse),
-// lse = max + log2(sum w). One block per (request, head) row: D / 4 threads of 4 dims each per
-// group of splits (group k takes splits k, k + kGroups, ...), each group merging online (its
-// loads do not wait on each other), then the groups combined in group order through shared
-// memory, so the result does not depend on scheduling. A NaN lse in any split (a bad page in
-// its slice) makes the row NaN. Launched with PDL where the GPU has it: its launch overlaps the
-// first kernel's tail, and it waits for that kernel's writes before reading them.
+// lse = max + log2(sum w). A NaN lse in any split (a bad page in its slice) makes the row NaN; a
+// row whose splits are all empty gets zeros and lse -inf. Threads own 4 dims of a row each (D / 4
+// threads per row) and merge online, in a fixed order of splits, so the result does not depend on
+// scheduling. Launched with PDL where the GPU has it: its launch overlaps the first kernel's tail,
+// and it waits for that kernel's writes before reading them. Two shapes:
+// * rows enough for a block of them on every SM and up to kMergeRowSplits splits (short
+//   contexts, large batches): 256 / (D / 4) rows per block, each thread loading every split of
+//   its dims at once, then merging them in split order: one memory round trip, no shared
+//   memory, no barrier (128 x 512 tokens on an H200: 90.5 -> 86.8 us in all);
+// * otherwise (few rows, or many splits: few long requests): one block per row, spread over
+//   every SM, group k of D / 4 threads taking splits k, k + kGroups, ... (their loads do not
+//   wait on each other), the groups combined in group order through shared memory.
 constexpr int kMergeThreads = 256;
+constexpr int kMergeRowSplits = 16;
+
+struct MergeState {
+  float m, total, acc[4];
+  bool bad;
+
+  __device__ __forceinline__ MergeState() {
+    m = OPFORGE_NEG_INF, total = 0.f, bad = false;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+  }
+
+  // Adds split partial (lse x, o) with weight 2^x.
+  __device__ __forceinline__ void add(float x, const float (&o)[4]) {
+    bad = bad || isnan(x);
+    if (x == OPFORGE_NEG_INF || isnan(x)) return;  // an empty split (or a bad one: the row is NaN anyway)
+    const float m_new = fmaxf(m, x);
+    const float keep = exp2f(m - m_new), w = exp2f(x - m_new);  // keep = 0 while m is -inf
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = fmaf(w, o[e], acc[e] * keep);
+    total = fmaf(total, keep, w);
+    m = m_new;
+  }
+
+  // Writes dims dim..dim+3 of the merged row, and its lse from the row's first thread.
+  template <typename T>
+  __device__ __forceinline__ void write(const PagedDecodeParams& p, int64_t row, int dim, bool first_thread) const {
+    const float inv = bad ? __int_as_float(0x7fffffff) : total == 0.f ? 0.f : 1.f / total;
+    float out[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] = acc[e] * inv;
+    const int64_t b = row / p.num_qo_heads, head = row % p.num_qo_heads;
+    store_float<T, 4>(static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim, out);
+    if (first_thread) {
+      p.lse[b * p.lse_stride_b + head * p.lse_stride_h] =
+          bad ? __int_as_float(0x7fffffff) : total == 0.f ? OPFORGE_NEG_INF : m + log2f(total);
+    }
+  }
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMergeThreads)
+    paged_decode_merge_rows_kernel(const PagedDecodeParams p, const int splits) {
+  wait_for_previous_grid();
+  constexpr int kLanes = D / 4;
+  constexpr int kRowsPerBlock = kMergeThreads / kLanes;
+  const int64_t rows_total = p.batch * p.num_qo_heads;
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  if (row >= rows_total) return;
+  const int dim = (threadIdx.x % kLanes) * 4;
+  const float* lse_s = p.workspace + int64_t(splits) * rows_total * D + row;
+  // Every load first (splits past the count re-read the last one and are not added).
+  float x[kMergeRowSplits], o[kMergeRowSplits][4];
+#pragma unroll
+  for (int s = 0; s < kMergeRowSplits; ++s) {
+    const int64_t sc = s < splits ? s : splits - 1;
+    x[s] = lse_s[sc * rows_total];
+    to_floats(load_vec<float, 4>(p.workspace + (sc * rows_total + row) * D + dim), o[s]);
+  }
+  MergeState state;
+#pragma unroll
+  for (int s = 0; s < kMergeRowSplits; ++s) {
+    if (s < splits) state.add(x[s], o[s]);
+  }
+  state.write<T>(p, row, dim, dim == 0);
+}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeThreads)
@@ -471,56 +543,34 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
   const int dim = lane * 4;
   const float* lse_s = p.workspace + int64_t(splits) * rows_total * D + row;
-  const float kNegInf = OPFORGE_NEG_INF;
-  const float nan = __int_as_float(0x7fffffff);
-  float m = kNegInf, total = 0.f;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  bool bad = false;
+  MergeState mine;
 #pragma unroll 4
   for (int s = group; s < splits; s += kGroups) {
-    const float x = lse_s[int64_t(s) * rows_total];
     float o[4];
     to_floats(load_vec<float, 4>(p.workspace + (int64_t(s) * rows_total + row) * D + dim), o);
-    bad = bad || isnan(x);
-    if (x == kNegInf || isnan(x)) continue;  // an empty split (or a bad one: the row is NaN anyway)
-    const float m_new = fmaxf(m, x);
-    const float keep = exp2f(m - m_new), w = exp2f(x - m_new);  // keep = 0 while m is -inf
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] = fmaf(w, o[e], acc[e] * keep);
-    total = fmaf(total, keep, w);
-    m = m_new;
+    mine.add(lse_s[int64_t(s) * rows_total], o);
   }
   __shared__ float part_acc[kGroups][D];
   __shared__ float part_m[kGroups], part_total[kGroups];
   __shared__ bool part_bad[kGroups];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) part_acc[group][dim + e] = acc[e];
-  if (lane == 0) part_m[group] = m, part_total[group] = total, part_bad[group] = bad;
+  for (int e = 0; e < 4; ++e) part_acc[group][dim + e] = mine.acc[e];
+  if (lane == 0) part_m[group] = mine.m, part_total[group] = mine.total, part_bad[group] = mine.bad;
   __syncthreads();
   if (group != 0) return;
-  float mx = kNegInf;
-  bad = false;
+  MergeState all;
 #pragma unroll
-  for (int k = 0; k < kGroups; ++k) mx = fmaxf(mx, part_m[k]), bad = bad || part_bad[k];
-  float out[4] = {0.f, 0.f, 0.f, 0.f};
-  float sum = 0.f;
-  if (mx != kNegInf) {
+  for (int k = 0; k < kGroups; ++k) all.m = fmaxf(all.m, part_m[k]), all.bad = all.bad || part_bad[k];
+  if (all.m != OPFORGE_NEG_INF) {
 #pragma unroll
     for (int k = 0; k < kGroups; ++k) {
-      const float w = exp2f(part_m[k] - mx);  // a group without splits: 2^-inf = 0
+      const float w = exp2f(part_m[k] - all.m);  // a group without splits: 2^-inf = 0
 #pragma unroll
-      for (int e = 0; e < 4; ++e) out[e] = fmaf(w, part_acc[k][dim + e], out[e]);
-      sum = fmaf(w, part_total[k], sum);
+      for (int e = 0; e < 4; ++e) all.acc[e] = fmaf(w, part_acc[k][dim + e], all.acc[e]);
+      all.total = fmaf(w, part_total[k], all.total);
     }
   }
-  const float inv = bad ? nan : sum == 0.f ? 0.f : 1.f / sum;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] *= inv;
-  const int64_t b = row / p.num_qo_heads, head = row % p.num_qo_heads;
-  store_float<T, 4>(static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim, out);
-  if (lane == 0) {
-    p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = bad ? nan : sum == 0.f ? kNegInf : mx + log2f(sum);
-  }
+  all.write<T>(p, row, dim, lane == 0);
 }
 
 template <typename T, int D>
@@ -540,10 +590,17 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int de
       <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, kSmem, stream>>>(p, plan.head_chunks, plan.splits);
   const int err = last_launch_status();
   if (err != 0 || plan.splits == 1) return err;
+  const int64_t rows = p.batch * p.num_qo_heads;
+  constexpr int kRowsPerBlock = kMergeThreads / (D / 4);
+  const int64_t row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (plan.splits <= kMergeRowSplits && row_blocks >= sm_count(device)) {
+    const bool pdl = image_waits_for_previous_grid<paged_decode_merge_rows_kernel<T, D>>(device);
+    return static_cast<int>(launch_kernel(paged_decode_merge_rows_kernel<T, D>, dim3(static_cast<unsigned>(row_blocks)),
+                                          dim3(kMergeThreads), 0, stream, pdl, p, plan.splits));
+  }
   const bool pdl = image_waits_for_previous_grid<paged_decode_merge_kernel<T, D>>(device);
-  const dim3 rows(static_cast<unsigned>(p.batch * p.num_qo_heads));
-  return static_cast<int>(launch_kernel(paged_decode_merge_kernel<T, D>, rows, dim3(kMergeThreads), 0, stream, pdl, p,
-                                        plan.splits));
+  return static_cast<int>(launch_kernel(paged_decode_merge_kernel<T, D>, dim3(static_cast<unsigned>(rows)),
+                                        dim3(kMergeThreads), 0, stream, pdl, p, plan.splits));
 }
 
 template <int D>

@@ -633,7 +633,43 @@ def test_call_binds_to_its_definition(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 128])
+@pytest.mark.parametrize("splits", [2, 16, 17])
+@pytest.mark.parametrize("config", [(32, 8, 128, 16), (6, 1, 64, 3), (40, 2, 256, 5)],
+                         ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
+def test_many_rows_merge(seed, splits, config):
+    """Enough (request, head) rows for a merge block of them on every SM: up to 16 splits take
+    the one-pass merge (every split of a row loaded at once), 17 the per-row one; a bad page in
+    one request makes that request NaN and leaves the others bit for bit as they were."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows_per_block = 256 // (config[2] // 4)
+    batch = -(-(rows_per_block * sms + 1) // config[0])
+    problem = random_problem(torch.Generator().manual_seed(seed), config, torch.bfloat16, batch=batch, longest=300)
+    last = problem.kv_last_page_len.cuda()
+    scale = 1 / math.sqrt(config[2])
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run(args):
+        out, lse = poisoned_outputs(problem, "cuda", "strided")
+        need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits)
+        workspace = torch.full((need,), float("nan"), device="cuda")
+        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits) == 0
+        torch.cuda.synchronize()
+        return out, lse
+
+    args = list(problem.args("cuda"))
+    good = run(args)
+    check(good, problem, "cuda", seed, f"splits={splits}")
+    bad_request = next(b for b in range(batch) if problem.lengths[b] > 0)
+    args[4] = args[4].clone()
+    args[4][int(problem.kv_indptr[bad_request])] = problem.num_pages  # one past the last page
+    out, lse = run(args)
+    assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
+    keep = torch.arange(batch) != bad_request
+    assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 17, 128])
 @pytest.mark.parametrize("config", [(32, 8, 128, 1), (32, 4, 128, 64), (6, 1, 64, 3), (40, 2, 256, 5),
                                     (8, 2, 128, 48)],  # 48: whole 16-token steps in pages that are no power of two
                          ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
