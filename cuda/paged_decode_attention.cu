@@ -505,25 +505,39 @@ struct MergeState {
   }
 };
 
+// The first kernel's split partials in the workspace: o as [split][row][D] fp32, then lse as
+// [split][row].
+template <int D>
+struct SplitPartials {
+  const float* o;
+  const float* lse;
+  int64_t rows;
+
+  __device__ __forceinline__ SplitPartials(const PagedDecodeParams& p, int splits)
+      : o(p.workspace), lse(p.workspace + int64_t(splits) * p.batch * p.num_qo_heads * D),
+        rows(p.batch * p.num_qo_heads) {}
+
+  // Split s's lse of `row`, and its output's dims dim..dim+3 into `out`.
+  __device__ __forceinline__ float load(int64_t s, int64_t row, int dim, float (&out)[4]) const {
+    to_floats(load_vec<float, 4>(o + (s * rows + row) * D + dim), out);
+    return lse[s * rows + row];
+  }
+};
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeThreads)
     paged_decode_merge_rows_kernel(const PagedDecodeParams p, const int splits) {
   wait_for_previous_grid();
   constexpr int kLanes = D / 4;
   constexpr int kRowsPerBlock = kMergeThreads / kLanes;
-  const int64_t rows_total = p.batch * p.num_qo_heads;
+  const SplitPartials<D> parts(p, splits);
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  if (row >= rows_total) return;
+  if (row >= parts.rows) return;
   const int dim = (threadIdx.x % kLanes) * 4;
-  const float* lse_s = p.workspace + int64_t(splits) * rows_total * D + row;
   // Every load first (splits past the count re-read the last one and are not added).
   float x[kMergeRowSplits], o[kMergeRowSplits][4];
 #pragma unroll
-  for (int s = 0; s < kMergeRowSplits; ++s) {
-    const int64_t sc = s < splits ? s : splits - 1;
-    x[s] = lse_s[sc * rows_total];
-    to_floats(load_vec<float, 4>(p.workspace + (sc * rows_total + row) * D + dim), o[s]);
-  }
+  for (int s = 0; s < kMergeRowSplits; ++s) x[s] = parts.load(s < splits ? s : splits - 1, row, dim, o[s]);
   MergeState state;
 #pragma unroll
   for (int s = 0; s < kMergeRowSplits; ++s) {
@@ -538,17 +552,16 @@ __global__ void __launch_bounds__(kMergeThreads)
   wait_for_previous_grid();
   constexpr int kLanes = D / 4;
   constexpr int kGroups = kMergeThreads / kLanes;
-  const int64_t rows_total = p.batch * p.num_qo_heads;
+  const SplitPartials<D> parts(p, splits);
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
   const int dim = lane * 4;
-  const float* lse_s = p.workspace + int64_t(splits) * rows_total * D + row;
   MergeState mine;
 #pragma unroll 4
   for (int s = group; s < splits; s += kGroups) {
     float o[4];
-    to_floats(load_vec<float, 4>(p.workspace + (int64_t(s) * rows_total + row) * D + dim), o);
-    mine.add(lse_s[int64_t(s) * rows_total], o);
+    const float x = parts.load(s, row, dim, o);
+    mine.add(x, o);
   }
   __shared__ float part_acc[kGroups][D];
   __shared__ float part_m[kGroups], part_total[kGroups];
