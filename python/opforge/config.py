@@ -15,6 +15,9 @@ OPFORGE_ENABLE_APPLY    1: route op calls to the fastest measured solution of th
                    (opforge.apply), from ``import opforge`` on.
 OPFORGE_DATASET_PATH    the dataset both read and write (default ./opforge-trace).
                    The two switches and the path are read once, at ``import opforge``.
+OPFORGE_WORKER_FORK     1 (default): the benchmark runner forks its CPU workers from a fork
+                   server that has imported torch (opforge.bench.forkserver); 0: every
+                   worker starts a fresh interpreter. Read at each worker start.
 
 Variables of other tools that opforge honours: TRITON_INTERPRET=1 (Triton solutions run on the
 CPU through Triton's interpreter); FlashInfer-Bench's names for the three above
@@ -31,11 +34,14 @@ from pathlib import Path
 LOGLEVEL_VAR = "OPFORGE_LOGLEVEL"
 LOGDEST_VAR = "OPFORGE_LOGDEST"
 CACHE_DIR_VAR = "OPFORGE_CACHE_DIR"
+WORKER_FORK_VAR = "OPFORGE_WORKER_FORK"
 #: Each switch by opforge's name first, then FlashInfer-Bench's.
 TRACING_VARS = ("OPFORGE_ENABLE_TRACING", "FIB_ENABLE_TRACING", "FLASHINFER_BENCH_ENABLE_TRACING")
 APPLY_VARS = ("OPFORGE_ENABLE_APPLY", "FIB_ENABLE_APPLY", "FLASHINFER_BENCH_ENABLE_APPLY")
 DATASET_VARS = ("OPFORGE_DATASET_PATH", "FIB_DATASET_PATH", "FLASHINFER_BENCH_DATASET_PATH")
 DEFAULT_DATASET = "./opforge-trace"
+#: opforge's variables that ``import opforge`` reads (the others are read when used).
+READ_AT_IMPORT = (LOGLEVEL_VAR, *TRACING_VARS, *APPLY_VARS, *DATASET_VARS)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -65,6 +71,11 @@ def tracing_enabled() -> bool:
 
 def apply_enabled() -> bool:
     return _switch(APPLY_VARS)
+
+
+def worker_fork_enabled() -> bool:
+    """OPFORGE_WORKER_FORK, on when unset (ValueError for a value that is not a switch)."""
+    return _switch((WORKER_FORK_VAR,)) if WORKER_FORK_VAR in os.environ else True
 
 
 def dataset_path() -> Path:

@@ -121,7 +121,7 @@ LOG_WORDS = {
     "import_error": ["opforge_no_such_module"],
     "raises": ["the kernel gave up"],
     "exits": ["exit code 3", "about to leave"],
-    "segfault": ["SIGSEGV", "reading address 0"],
+    "segfault": ["SIGSEGV", "reading address 0", "Fatal Python error: Segmentation fault"],  # faulthandler's
     "hangs": ["no answer within"],
     "wrong_shape": ["shape (", ", 7), expected ("],
     "wrong_dtype": ["float64"],

@@ -26,6 +26,10 @@ HONEST = "def run(x, w):\n    return x * w\n"
 WRONG = "def run(x, w):\n    return x * w + 0.01\n"
 SEGFAULT = "import ctypes\n\ndef run(x, w):\n    return ctypes.string_at(0)\n"
 SLOW = "import time\n\ndef run(x, w):\n    time.sleep(0.05)\n    return x * w\n"
+#: SLOW, its first call in each worker 2 s (what a worker's start took when each imported torch):
+#: the pair is in flight long enough for its node to be killed meanwhile.
+SLOW_TO_START = "import time\n\n_calls = []\n\ndef run(x, w):\n    time.sleep(0.05 if _calls else 2.0)\n" \
+                "    _calls.append(1)\n    return x * w\n"
 
 
 def recorder(folder: Path, body: str) -> str:

@@ -4,6 +4,7 @@ fit the runner's clock, and nothing a run starts outlives it (also when the runn
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -141,18 +142,6 @@ def _wait_gone(pids, seconds=10.0) -> list[int]:
     return alive
 
 
-def _with_argument(text: str) -> list[int]:
-    """Processes with ``text`` in their command line."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
 def _running(pid: int) -> bool:
     if not pid_alive(pid):
         return False
@@ -230,14 +219,29 @@ Benchmark(ts, config(defaults=Settings(iterations=5, warmup=1, timeout_s=600, cu
 """
 HANG = SPAWNER.replace("EXIT", "open(os.path.join(PIDS, f'worker-{os.getpid()}'), 'w').close(); time.sleep(600)")
 
+#: How workers start: forked by the fork server (CPU workers, by default), or each a fresh
+#: interpreter under a started supervisor (OPFORGE_WORKER_FORK=0, and every GPU worker).
+STARTS = [pytest.param("1", id="forked"), pytest.param("0", id="exec")]
 
-def test_a_killed_runner_leaves_no_process_and_no_shared_memory_behind(tmp_path):
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("fork", STARTS)
+def test_a_killed_runner_leaves_no_process_and_no_shared_memory_behind(tmp_path, fork):
+    from opforge.bench.supervisor import children_of, descendants_of
+
     pids = tmp_path / "pids"
     pids.mkdir()
     here = Path(__file__).resolve()
     script = KILLED_RUNNER.format(paths=[str(here.parent), str(here.parents[1] / "registry")],
                                   root=str(tmp_path / "ds"))
-    runner = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, OPFORGE_TEST_PIDS=str(pids)))
+    runner = subprocess.Popen([sys.executable, "-c", script],
+                              env=dict(os.environ, OPFORGE_TEST_PIDS=str(pids), OPFORGE_WORKER_FORK=fork))
     deadline = time.monotonic() + 120
     while len(list(pids.iterdir())) < 3 and time.monotonic() < deadline:
         assert runner.poll() is None, "the runner ended before its worker hung"
@@ -245,35 +249,87 @@ def test_a_killed_runner_leaves_no_process_and_no_shared_memory_behind(tmp_path)
     started = [int(p.name.split("-")[1]) for p in pids.iterdir()]
     assert len(started) == 3  # the worker, a process in a new session, a daemon
     spill = list(Path("/dev/shm").glob(f"opforge-run-{runner.pid}-*"))
-    ours = [pid for pid in _with_argument(f"opforge-run-{runner.pid}-")]  # supervisors and workers
-    assert len(ours) >= 4
+    assert spill
+    # Every process of the run: supervisors (and their relays), workers, what the solution
+    # started, the fork server.
+    ours = descendants_of(runner.pid)
+    assert set(started) <= set(ours) and len(ours) >= 5, ours
+    # (forked processes have the fork server's command line)
+    servers = [pid for pid in children_of(runner.pid) if b"opforge.bench.forkserver" in _cmdline(pid)]
+    assert len(servers) == (1 if fork == "1" else 0)
     runner.send_signal(signal.SIGKILL)
     runner.wait()
-    assert _wait_gone(started + ours) == []
+    assert _wait_gone(ours) == []
     deadline = time.monotonic() + 10
     while any(p.exists() for p in spill) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(p.exists() for p in spill)
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
-def test_only_the_worker_of_a_worker_start_loads_torch(tmp_path):
-    """Every worker start costs its supervisor's processes too: one that imported opforge (and
-    with it torch) would add a second or two of CPU to each, for a process that only watches."""
-    from opforge.bench.process import WorkerProcess
-    from opforge.bench.supervisor import descendants_of
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (its own, not its children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    worker = WorkerProcess("cpu", tmp_path)
-    try:
-        worker.request({"op": "hello"}, timeout=60)
-        tree = [worker._proc.pid, *descendants_of(worker._proc.pid)]
-        maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in tree}
-        commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in tree}
-    finally:
-        worker.stop()
+
+@functools.lru_cache(maxsize=None)
+def _torch_import_cpu_s() -> float:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("fork", STARTS)
+def test_a_worker_start_costs_no_torch_import_in_the_processes_that_only_watch(tmp_path, monkeypatch, fork):
+    """A worker start costs its supervisor's processes too: one that imported opforge (and with
+    it torch) would add a second or two of CPU to each, for a process that only watches. A
+    started supervisor does not even map torch; a forked one (and its worker) does, from the
+    fork server, without paying for it: a forked worker start costs a small part of one import
+    of torch."""
+    from opforge.bench import forkserver
+    from opforge.bench.process import WorkerProcess
+    from opforge.bench.supervisor import children_of, descendants_of
+
+    monkeypatch.setenv("OPFORGE_WORKER_FORK", fork)
+    torch_cpu = _torch_import_cpu_s()
+    for attempt in range(2 if fork == "1" else 1):  # the fork server is up for the second one
+        worker = WorkerProcess("cpu", tmp_path)
+        began = time.perf_counter()
+        try:
+            worker.request({"op": "load", "key": "k", "input_sets": []}, timeout=60)  # no torch work
+            wall = time.perf_counter() - began
+            tree = [worker._proc.pid, *descendants_of(worker._proc.pid)]
+            maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in tree}
+            commands = {pid: _cmdline(pid).split(b"\0") for pid in tree}
+            cpu = {pid: _cpu_s(pid) for pid in tree}
+            workers = children_of(tree[-2])  # the supervisor's: relay, supervisor, worker or supervisor, worker
+            handle, server = type(worker._proc), forkserver.server_pid()
+        finally:
+            worker.stop()
     with_torch = [pid for pid in tree if "libtorch" in maps[pid]]
-    assert len(tree) >= 2 and len(with_torch) == 1, commands
-    assert b"opforge.bench.worker" in commands[with_torch[0]]
+    assert len(workers) == 1, commands
+    watchers = [pid for pid in tree if pid not in workers]
+    assert all(cpu[pid] < torch_cpu / 5 for pid in watchers), (cpu, torch_cpu)
+    if fork == "0":
+        assert handle is subprocess.Popen
+        assert len(tree) == 3 and with_torch == workers, commands  # relay, supervisor, worker
+        assert b"opforge.bench.worker" in commands[workers[0]]
+        return
+    assert handle is forkserver.ForkedProcess and server is not None
+    assert len(tree) == 2 and with_torch == tree, commands  # supervisor, worker: mapped, not loaded
+    assert cpu[workers[0]] + cpu[tree[0]] < torch_cpu / 5, (cpu, torch_cpu)
+    assert wall < torch_cpu / 2, (wall, torch_cpu)
+    # The fork server imported torch and ran nothing of it: no OpenMP threads, and no CUDA
+    # (a CUDA build maps the driver's library; initialising it opens the GPU's device files).
+    assert "libtorch" in Path(f"/proc/{server}/maps").read_text()
+    opened = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
+    assert not [path for path in opened if path.startswith("/dev/nvidia")], opened
+    if (os.cpu_count() or 1) > 1:  # an intra-op pool has a thread per core beside this one
+        assert os.listdir(f"/proc/{server}/task") == [str(server)]
 
 
 def test_a_module_that_fails_or_hangs_at_import_is_one_line_and_bounded(tmp_path):

@@ -1,7 +1,14 @@
 """The runner's side of a worker process (worker.py): start it under its supervisor
 (supervisor.py), send a request with a timeout, notice when it died, hung or answered garbage,
 and hand back its log. Nothing the worker starts outlives it: stopping or killing a worker goes
-through the supervisor, which kills the worker's whole tree."""
+through the supervisor, which kills the worker's whole tree.
+
+A CPU worker and its supervisor are forked by a fork server that has already imported torch
+(forkserver.py: milliseconds instead of a new interpreter's 2 s of CPU); a GPU worker, or any
+worker where that is not possible, starts a fresh interpreter under a started supervisor.
+Either way the runner holds a process handle of the supervisor (a Popen, or a
+forkserver.ForkedProcess: the same poll, wait and send_signal), the worker's socket and the
+lifeline."""
 
 from __future__ import annotations
 
@@ -13,10 +20,13 @@ import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from . import _wire, supervisor
 from .supervisor import kill_tree
+
+if TYPE_CHECKING:
+    from .forkserver import ForkedProcess
 
 #: Seconds a new worker may take to import torch and opforge and answer its first request.
 START_TIMEOUT_S = 120.0
@@ -28,6 +38,10 @@ LOG_TAIL_CHARS = 4000
 _SUPERVISOR_SCRIPT = str(Path(supervisor.__file__).resolve())
 
 
+#: Lifelines that a supervisor may hold whom this process cannot reach (forkserver.Lost).
+_kept_lifelines: list[int] = []
+
+
 class WorkerFailure(Exception):
     """The worker died, did not answer in time or answered something that is not a reply;
     ``timed_out`` tells whether it was too slow, ``log`` what it printed while serving the
@@ -37,6 +51,16 @@ class WorkerFailure(Exception):
         super().__init__(message)
         self.log = log
         self.timed_out = timed_out
+
+
+def worker_environment() -> dict:
+    """The environment a worker starts with: this process's, where the worker imports the same
+    opforge as this process (wherever that came from), unbuffered."""
+    env = dict(os.environ)
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
 
 
 def _signal_name(code: int) -> str:
@@ -56,7 +80,7 @@ class WorkerProcess:
         self.log_dir = Path(log_dir)
         self.starts = 0
         self._ready = False  # the worker said it is ready (see request)
-        self._proc: Optional[subprocess.Popen] = None  # the supervisor
+        self._proc: Optional[subprocess.Popen | ForkedProcess] = None  # the supervisor
         self._conn: Optional[Connection] = None
         self._lifeline: Optional[int] = None  # closing it (or our death) ends the supervisor
         self._log_path: Optional[Path] = None
@@ -76,19 +100,29 @@ class WorkerProcess:
         self._log_path = self.log_dir / f"worker-{self.device.replace(':', '')}-{os.getpid()}-{id(self):x}-{self.starts}.log"
         ours, theirs = socket.socketpair()
         lifeline_read, self._lifeline = os.pipe()
-        env = dict(os.environ)
-        # The worker imports the same opforge as this process, wherever that one came from.
-        package_parent = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env["OPFORGE_WORKER_FDS"] = str(theirs.fileno())
+        env = worker_environment()
         spill = str(self.spill or "")
+        from . import forkserver  # not at import: ``python -m opforge.bench.forkserver`` imports this module first
+
         with open(self._log_path, "ab") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", _SUPERVISOR_SCRIPT, str(lifeline_read), spill, "--",
-                 sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device, spill],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(), lifeline_read), env=env, start_new_session=True)
+            try:
+                self._proc = forkserver.start_supervised(self.device, env, theirs.fileno(), lifeline_read,
+                                                         log.fileno(), spill)
+            except forkserver.Lost:  # a supervisor may hold these: new ones (see Lost)
+                _kept_lifelines.append(self._lifeline)
+                for old in (ours, theirs):
+                    old.close()
+                os.close(lifeline_read)
+                ours, theirs = socket.socketpair()
+                lifeline_read, self._lifeline = os.pipe()
+                self._proc = None
+            if self._proc is None:
+                env["OPFORGE_WORKER_FDS"] = str(theirs.fileno())
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-I", _SUPERVISOR_SCRIPT, str(lifeline_read), spill, "--",
+                     sys.executable, "-m", "opforge.bench.worker", str(theirs.fileno()), self.device, spill],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(), lifeline_read), env=env, start_new_session=True)
         theirs.close()
         os.close(lifeline_read)
         self._conn = Connection(ours.detach())
@@ -117,11 +151,8 @@ class WorkerProcess:
         """Kill the worker and anything it started, now (from any thread); a request waiting on
         it fails. The supervisor does the killing (it sees orphans the worker left)."""
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)  # nothing once it has ended (it may not be ours to reap)
 
     def _kill(self) -> None:
         self.kill()

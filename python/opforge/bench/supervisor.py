@@ -13,10 +13,15 @@ tree when its parent dies. When the worker ends (exit, crash, a kill), or the ru
 (SIGTERM), or the runner dies (the lifeline pipe, whose write end only the runner holds, reads
 EOF), it kills its whole tree, reaps it, and exits with the worker's status (a worker killed by a
 signal makes it die by the same signal, so the runner can say which). When the runner died, it
-also removes the run's spill folder in /dev/shm.
+also removes the run's spill folder in /dev/shm. The relay is a child subreaper too: a solution
+that kills its supervisor hands its worker's tree to the relay, which kills it.
 
-What it cannot stop: a process of the same user that kills the supervisor itself first. Closing
-that needs a separate user or a PID namespace per worker.
+CPU workers are started another way (forkserver.py): a fork server forks the supervisor's
+process, which runs ``watch`` below on a worker it forked itself; the fork server stands where
+the relay stands here.
+
+What it cannot stop: a process of the same user that kills the supervisor and the relay (or the
+fork server) first. Closing that needs a separate user or a PID namespace per worker.
 """
 
 from __future__ import annotations
@@ -123,18 +128,20 @@ class _Stop(Exception):
     pass
 
 
-def _leave_like(code: int) -> int:
+def leave_like(code: int) -> int:
     """Exit status ``code``; a negative one is death by that signal, passed on as such."""
     if code < 0:
         sys.stdout.flush()
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be handled (nor set)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
 
 def _relay(supervisor: int, fds: list[int]) -> int:
     """The half the runner started (see the module doc): it holds none of the supervisor's
-    descriptors, passes a SIGTERM on, and leaves as the supervisor left."""
+    descriptors, passes a SIGTERM on, and leaves as the supervisor left, after killing what a
+    supervisor killed before its time left behind (it came here: this process is a subreaper)."""
     for fd in fds:
         os.close(fd)
 
@@ -147,36 +154,46 @@ def _relay(supervisor: int, fds: list[int]) -> int:
     signal.signal(signal.SIGTERM, pass_on)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     _, status = os.waitpid(supervisor, 0)  # retried after the handler runs (PEP 475)
-    return _leave_like(os.waitstatus_to_exitcode(status))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    kill_tree(os.getpid(), reap=_Children(0).reap)
+    return leave_like(os.waitstatus_to_exitcode(status))
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    lifeline, spill = int(argv[0]), argv[1]
-    command = argv[argv.index("--") + 1:]
+def prepare() -> None:
+    """A supervisor's own settings, made before its worker starts: no core files (the worker
+    inherits the limit), Ctrl-C left to the runner (the worker inherits that too), SIGTERM held
+    until ``watch`` can take it (install ``stop`` as its handler first)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing worker leaves no core file behind
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # held until each half can take it
-    keep = [int(fd) for fd in os.environ.pop("OPFORGE_WORKER_FDS", "").split(",") if fd]
-    supervisor = os.fork()
-    if supervisor:
-        return _relay(supervisor, [lifeline, *keep])
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
-    def stop(signum, frame):
-        raise _Stop()
 
-    signal.signal(signal.SIGTERM, stop)
-    children = _Children(subprocess.Popen(command, pass_fds=keep, stdin=subprocess.DEVNULL, preexec_fn=lambda: (
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))).pid)
-    for fd in keep:
-        os.close(fd)
+def become_subreaper() -> bool:
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def stop(signum, frame):
+    """The supervisor's SIGTERM handler: the runner asks it to end its worker."""
+    raise _Stop()
+
+
+def watch(worker: int, lifeline: int, spill: str) -> int:
+    """Supervise ``worker`` (a child of this process, which is a subreaper with ``stop`` as its
+    SIGTERM handler, still blocked) until it ends, the runner asks or the runner dies; then kill
+    and reap the whole tree, remove the spill folder if the runner died, and return the worker's
+    status (negative: the signal that killed it)."""
+    children = _Children(worker)
+    wake = [lifeline]
+    try:  # readable when the worker ends, so that its end is seen at once
+        wake.append(os.pidfd_open(worker))
+    except (AttributeError, OSError):  # no pidfds (not Linux 5.3+): the 0.1 s timeout sees it
+        pass
     runner_gone = False
     try:  # the runner's SIGTERM ends this wait
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         while children.code is None:
-            readable, _, _ = select.select([lifeline], [], [], 0.1)
-            if readable and not os.read(lifeline, 1):
+            readable, _, _ = select.select(wake, [], [], 0.1)
+            if lifeline in readable and not os.read(lifeline, 1):
                 runner_gone = True
                 break
             children.reap()
@@ -189,10 +206,30 @@ def main(argv=None) -> int:
         except ProcessLookupError:
             pass
     kill_tree(os.getpid(), reap=children.reap)
-    code = -signal.SIGKILL if children.code is None else children.code
+    for fd in wake[1:]:
+        os.close(fd)
     if runner_gone and spill:
         shutil.rmtree(spill, ignore_errors=True)
-    return _leave_like(code)
+    return -signal.SIGKILL if children.code is None else children.code
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    lifeline, spill = int(argv[0]), argv[1]
+    command = argv[argv.index("--") + 1:]
+    prepare()
+    keep = [int(fd) for fd in os.environ.pop("OPFORGE_WORKER_FDS", "").split(",") if fd]
+    become_subreaper()  # the relay's (a forked child does not inherit it)
+    supervisor = os.fork()
+    if supervisor:
+        return _relay(supervisor, [lifeline, *keep])
+    become_subreaper()
+    signal.signal(signal.SIGTERM, stop)
+    worker = subprocess.Popen(command, pass_fds=keep, stdin=subprocess.DEVNULL, preexec_fn=lambda: (
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))).pid
+    for fd in keep:
+        os.close(fd)
+    return leave_like(watch(worker, lifeline, spill))
 
 
 if __name__ == "__main__":
