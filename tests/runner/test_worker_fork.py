@@ -228,7 +228,8 @@ def test_a_changed_environment_or_folder_gets_its_own_fork_server(tmp_path, monk
         assert seen["again"]["env"] == dict(seen["first"]["env"], OPFORGE_TEST_VALUE=own)
         assert seen["again"]["cwd"] == str(tmp_path)
         assert seen["third"]["env"]["FORKSERVER_TEST_VALUE"] == "third"
-        assert servers["again"] == servers["first"] and len({servers["first"], servers["second"], servers["third"]}) == 3
+        assert servers["again"] == servers["first"]
+        assert len({servers["first"], servers["second"], servers["third"]}) == 3
         # The second environment's fork server, the least recently used of three, is closed
         # but still serves its worker.
         assert _running(servers["second"])
