@@ -26,10 +26,43 @@ HONEST = "def run(x, w):\n    return x * w\n"
 WRONG = "def run(x, w):\n    return x * w + 0.01\n"
 SEGFAULT = "import ctypes\n\ndef run(x, w):\n    return ctypes.string_at(0)\n"
 SLOW = "import time\n\ndef run(x, w):\n    time.sleep(0.05)\n    return x * w\n"
-#: SLOW, its first call in each worker 2 s (what a worker's start took when each imported torch):
-#: the pair is in flight long enough for its node to be killed meanwhile.
-SLOW_TO_START = "import time\n\n_calls = []\n\ndef run(x, w):\n    time.sleep(0.05 if _calls else 2.0)\n" \
-                "    _calls.append(1)\n    return x * w\n"
+_DEVICE_WORKER = """
+import os
+
+
+def device_worker():  # the closest ancestor that is a Ray worker process
+    pid = os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().startswith(b"ray::"):
+                return pid
+        with open(f"/proc/{pid}/stat") as f:
+            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("not under a Ray worker")
+"""
+
+
+def in_step(folder: Path, workers: int) -> str:
+    """SLOW, but its first call in each process waits (15 s at most) until ``workers`` device
+    workers have entered it (each leaves its pid in ``folder``), then sleeps 2 s: every device
+    worker gets a pair of it, and each pair is in flight long enough for its node to be killed
+    meanwhile, however quickly the workers start and however many were ready first."""
+    return _DEVICE_WORKER + f"""
+import time
+
+_calls = []
+
+
+def run(x, w):
+    if not _calls:
+        open(os.path.join({str(folder)!r}, str(device_worker())), "w").close()
+        deadline = time.monotonic() + 15
+        while len(os.listdir({str(folder)!r})) < {workers} and time.monotonic() < deadline:
+            time.sleep(0.02)
+    time.sleep(0.05 if _calls else 2.0)
+    _calls.append(1)
+    return x * w
+"""
 
 
 def recorder(folder: Path, body: str) -> str:
@@ -38,19 +71,13 @@ def recorder(folder: Path, body: str) -> str:
     return f"import os\nopen(os.path.join({str(folder)!r}, str(os.getpid())), 'w').close()\n\n{body}"
 
 
-#: Takes down the device worker running it: the closest ancestor that is a Ray worker process.
-KILLS_ITS_DEVICE_WORKER = """
-import os, signal
+#: Takes down the device worker running it.
+KILLS_ITS_DEVICE_WORKER = _DEVICE_WORKER + """
+import signal
+
 
 def run(x, w):
-    pid = os.getppid()
-    while pid > 1:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if f.read().startswith(b"ray::"):
-                os.kill(pid, signal.SIGKILL)
-                break
-        with open(f"/proc/{pid}/stat") as f:
-            pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    os.kill(device_worker(), signal.SIGKILL)
     return x * w
 """
 

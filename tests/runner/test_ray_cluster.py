@@ -20,8 +20,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ray_cases import (DEF, FAST_OPTIONS, HONEST, KILLS_ITS_DEVICE_WORKER, SEGFAULT, SLOW, SLOW_TO_START, WRONG,  # noqa: E402
-                       all_gone, cli_env, config, make_dataset, pairs, pids_in, recorder, wait_for)
+from ray_cases import (DEF, FAST_OPTIONS, HONEST, KILLS_ITS_DEVICE_WORKER, SEGFAULT, SLOW, WRONG,  # noqa: E402
+                       all_gone, cli_env, config, in_step, make_dataset, pairs, pids_in, recorder, wait_for)
 
 from opforge.bench import Benchmark  # noqa: E402
 from opforge.cli import main  # noqa: E402
@@ -117,7 +117,9 @@ def test_a_cluster_run_records_what_a_local_run_of_the_same_seed_records(cluster
 def test_a_node_killed_mid_run_costs_only_the_pair_in_flight_there(cluster, tmp_path):
     doomed = cluster.add_node(num_cpus=1, num_gpus=1)
     cluster.wait_for_nodes()
-    ts = make_dataset(tmp_path / "ds", {"honest": HONEST, "slow": SLOW_TO_START}, batches=(4, 8, 16, 32))
+    (tmp_path / "entered").mkdir()  # the slow pairs wait there until all three device workers have one
+    slow = in_step(tmp_path / "entered", workers=3)
+    ts = make_dataset(tmp_path / "ds", {"honest": HONEST, "slow": slow}, batches=(4, 8, 16, 32))
     killed = threading.Event()
 
     def kill_its_node(item):  # once the doomed node's worker has a result in, its next pair is in flight

@@ -298,10 +298,8 @@ def test_a_worker_start_costs_no_torch_import_in_the_processes_that_only_watch(t
     torch_cpu = _torch_import_cpu_s()
     for attempt in range(2 if fork == "1" else 1):  # the fork server is up for the second one
         worker = WorkerProcess("cpu", tmp_path)
-        began = time.perf_counter()
         try:
             worker.request({"op": "load", "key": "k", "input_sets": []}, timeout=60)  # no torch work
-            wall = time.perf_counter() - began
             tree = [worker._proc.pid, *descendants_of(worker._proc.pid)]
             maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in tree}
             commands = {pid: _cmdline(pid).split(b"\0") for pid in tree}
@@ -322,7 +320,6 @@ def test_a_worker_start_costs_no_torch_import_in_the_processes_that_only_watch(t
     assert handle is forkserver.ForkedProcess and server is not None
     assert len(tree) == 2 and with_torch == tree, commands  # supervisor, worker: mapped, not loaded
     assert cpu[workers[0]] + cpu[tree[0]] < torch_cpu / 5, (cpu, torch_cpu)
-    assert wall < torch_cpu / 2, (wall, torch_cpu)
     # The fork server imported torch and ran nothing of it: no OpenMP threads, and no CUDA
     # (a CUDA build maps the driver's library; initialising it opens the GPU's device files).
     assert "libtorch" in Path(f"/proc/{server}/maps").read_text()

@@ -405,18 +405,12 @@ def _report(fd: int, code: int) -> None:
 
 def _reap(supervisors: dict, poller) -> None:
     """Collect ended children; a supervisor's status goes to its status pipe."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for pid, code in supervisor.reaped():
         if pid in supervisors:
             pidfd, report = supervisors.pop(pid)
             poller.unregister(pidfd)
             os.close(pidfd)
-            _report(report, os.waitstatus_to_exitcode(status))
+            _report(report, code)
             os.close(report)
 
 

@@ -105,6 +105,19 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def reaped():
+    """(pid, exit code) of each child that has ended, collected without waiting; a negative code
+    is death by that signal."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, os.waitstatus_to_exitcode(status)
+
+
 class _Children:
     """Reaps finished children (adopted orphans included: they are our children now) and keeps
     the worker's exit status."""
@@ -113,15 +126,9 @@ class _Children:
         self.worker, self.code = worker, None
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in reaped():
             if pid == self.worker:
-                self.code = os.waitstatus_to_exitcode(status)
+                self.code = code
 
 
 class _Stop(Exception):
