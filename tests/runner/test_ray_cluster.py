@@ -110,7 +110,11 @@ def test_a_cluster_run_records_what_a_local_run_of_the_same_seed_records(cluster
         assert info["ray_node_id"] in nodes and info["copy_gbps"] > 0 and t.evaluation.device == "cpu"
         if t.is_successful():
             assert round(t.evaluation.performance.calibrated_gbps, 1) == info["copy_gbps"]
-    assert [len(workers) for workers in bench.cluster.groups.values()] == [2]  # one per GPU slot
+    # One device worker per GPU slot: both joined, or the one still starting when the other had
+    # done all the work was let go as such (a worker's pairs take milliseconds once it is up).
+    joined, late = [len(workers) for workers in bench.cluster.groups.values()], bench.cluster.never_started
+    assert joined == [2] and not late or joined == [1] and len(late) == 1 and \
+        late[0].endswith(": still waiting for a GPU when the work was done"), (joined, late)
     assert not bench.cluster.lost
 
 
