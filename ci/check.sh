@@ -56,3 +56,4 @@ $PY bench/roofline.py --dry-run
 # The paged-decode benchmark's every case on tiny CPU tensors (the Triton column's interpreter
 # would take a minute; the Triton solution is tested in tests/).
 $PY bench/paged_decode_attention.py --dry-run --impls opforge,sdpa
+$PY bench/norm_launch_sweep.py --dry-run
