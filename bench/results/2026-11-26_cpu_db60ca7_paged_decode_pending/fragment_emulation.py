@@ -49,6 +49,15 @@ def movmatrix_trans(regs):
         M[g][2*c], M[g][2*c+1] = regs[L]
     return [(M[2*c][g], M[2*c+1][g]) for (g, c) in lanes()]
 
+def shuffle_transpose(regs):
+    """shuffle_transpose.mbox's stand-in for movmatrix.trans: two shuffles and a byte permute."""
+    out = []
+    for L, (g, c) in enumerate(lanes()):
+        top, bottom = regs[8 * c + (g >> 1)], regs[8 * c + 4 + (g >> 1)]
+        out.append((top[g & 1], bottom[g & 1]))
+    return out
+
+
 def shfl_xor(vals, m):
     return [vals[L ^ m] for L in range(32)]
 
@@ -140,3 +149,6 @@ def run(D, G, HT, steps, n_tokens):
 for D, G, HT, steps, n in [(128, 4, 1, 3, 40), (128, 8, 1, 2, 32), (64, 5, 1, 2, 17), (128, 16, 2, 2, 29), (64, 12, 2, 3, 48), (128, 1, 1, 1, 1)]:
     err_out, err_lse = run(D, G, HT, steps, n)
     print(f"D={D} G={G} head tiles={HT} steps={steps} tokens={n}: max |out - ref| {err_out:.1e}, max |lse - ref| {err_lse:.1e}")
+
+regs = [tuple(rng.standard_normal(2)) for _ in range(32)]
+print("shuffle transpose == movmatrix.trans:", shuffle_transpose(regs) == movmatrix_trans(regs))
