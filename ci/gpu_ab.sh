@@ -6,9 +6,9 @@
 #   ci/gpu_ab.sh 'pytest tests/test_paged_decode_attention.py -m gpu -q -x' A.mbox B.mbox
 #   ci/gpu_ab.sh 'python3 bench/paged_decode_attention.py --out $OUT/bench-$VARIANT.json' A.mbox
 # The command runs in the variant's source folder with that variant's build first on PYTHONPATH;
-# $VARIANT (0, 1, ...) and $OUT are set for it. Patches are `git format-patch` output (applied
-# with `git apply`, which needs no repository). CUDA_ARCH_LIST defaults to 9.0a; wheels carried in
-# .whl/ are unpacked first, as ci/gpu.sh does.
+# $VARIANT (0, 1, ...) and $OUT are set for it. Patches are `git format-patch` output, applied
+# with `git apply` (which needs no repository) or `patch -p1` where git is missing.
+# CUDA_ARCH_LIST defaults to 9.0a; wheels carried in .whl/ are unpacked first, as ci/gpu.sh does.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: ci/gpu_ab.sh 'COMMAND' [PATCHES.mbox ...]" >&2; exit 2; }
@@ -34,7 +34,8 @@ for variant in $(seq 0 ${#patches[@]}); do
   # The tree without build outputs, then every series up to this variant.
   mkdir -p "$src" && tar -C "$ROOT" --exclude=./build --exclude=./out --exclude=./.git -cf - . | tar -C "$src" -xf -
   for ((i = 0; i < variant; i++)); do
-    if ! (cd "$src" && git apply --whitespace=nowarn "${patches[$i]}"); then
+    if ! (cd "$src" && if command -v git >/dev/null; then git apply --whitespace=nowarn "${patches[$i]}"
+                         else patch -p1 -s <"${patches[$i]}"; fi); then
       echo "variant $variant: ${patches[$i]} does not apply" && status=1 && continue 2
     fi
   done
