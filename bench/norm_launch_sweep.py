@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import opspecs  # noqa: E402
 import timing  # noqa: E402
 from opspecs import SPEC  # noqa: E402
-from roofline import add_output_args, collect_meta, fmt, n_sets_for, start, write as write_results  # noqa: E402
+from roofline import add_output_args, collect_meta, fmt, n_sets_for, safe, start, write as write_results  # noqa: E402
 
 OPS = ("rmsnorm", "fused_add_rmsnorm")
 HIDDEN = (4096, 8192)
@@ -67,10 +67,7 @@ def _forced(op: str, vpt: int, ctx: _Ctx):
 
 
 def _time(fn, sets, ctx) -> "float | str":
-    try:
-        return timing.device_time_us(fn, sets, ctx.cuda, ctx.target_s)
-    except Exception as e:  # an infeasible forced shape raises; recorded as such
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return safe(timing.device_time_us, fn, sets, ctx.cuda, ctx.target_s)  # an error: its one-line text
 
 
 def measure(op: str, rows: int, hidden: int, ctx: _Ctx, liger: dict, copy_gbps: float) -> dict:

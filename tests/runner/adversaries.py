@@ -5,6 +5,21 @@ from __future__ import annotations
 
 from registry_helpers import c_api_source
 
+#: A piece of solution source (needs ``import os, time``): start_daemon(pids) leaves a daemon, double
+#: forked into a session of its own, that writes ``daemon-<pid>`` into the folder ``pids`` and
+#: sleeps 300 s: what a solution escaping its worker's process group would leave behind.
+START_DAEMON = """
+def start_daemon(pids):
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        if os.fork() == 0:
+            open(os.path.join(pids, f"daemon-{os.getpid()}"), "w").close()
+            time.sleep(300)
+        os._exit(0)
+    os.waitpid(child, 0)
+"""
+
 HONEST = """
 import torch
 

@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "registry"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from adversaries import START_DAEMON  # noqa: E402
 from registry_helpers import mul_definition, solution  # noqa: E402
 from test_runner import DEF, config  # noqa: E402
 
@@ -91,18 +92,11 @@ import os, subprocess, sys, time
 
 PIDS = os.environ["OPFORGE_TEST_PIDS"]
 started = []
-
+""" + START_DAEMON + """
 def spawn():
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     open(os.path.join(PIDS, f"session-{p.pid}"), "w").close()
-    child = os.fork()
-    if child == 0:
-        os.setsid()
-        if os.fork() == 0:
-            open(os.path.join(PIDS, f"daemon-{os.getpid()}"), "w").close()
-            time.sleep(300)
-        os._exit(0)
-    os.waitpid(child, 0)
+    start_daemon(PIDS)
 
 def run(x, w):
     if not started:

@@ -23,6 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_runner_trust import _dataset, _running, _statuses, _wait_gone  # noqa: E402
+from adversaries import START_DAEMON  # noqa: E402
 from runner_datasets import config  # noqa: E402
 
 from opforge.bench import Benchmark  # noqa: E402
@@ -245,17 +246,10 @@ KILLS_ITS_SUPERVISOR = """
 import os, signal, time
 
 PIDS = PIDS_FOLDER
-
+""" + START_DAEMON + """
 def run(x, w):
     open(os.path.join(PIDS, f"worker-{os.getpid()}"), "w").close()
-    child = os.fork()
-    if child == 0:  # a daemon in a session of its own
-        os.setsid()
-        if os.fork() == 0:
-            open(os.path.join(PIDS, f"daemon-{os.getpid()}"), "w").close()
-            time.sleep(300)
-        os._exit(0)
-    os.waitpid(child, 0)
+    start_daemon(PIDS)
     while not any(name.startswith("daemon-") for name in os.listdir(PIDS)):
         time.sleep(0.01)
     os.kill(os.getppid(), signal.SIGKILL)
