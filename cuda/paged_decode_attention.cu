@@ -4,12 +4,17 @@
 // and used by all G query heads of that KV head. The arithmetic per byte is small but not
 // negligible (2 * G FLOPs per element): on CUDA cores, G = 8 would need about as many issue
 // slots as the memory system leaves. So a warp does it on tensor cores (mma.m16n8k16, fp32
-// accumulation), with the query heads as the 16 rows of the tile:
+// accumulation), with the query heads as the N dimension of the tiles (8 per tile; one tile when
+// a KV head has at most 8 query heads, as in h32_kv8 and h32_kv4, else two):
 //
-//   S [16 heads x 16 tokens] = Q [16 x D] . K^T      (D / 16 k-steps per 8-token half)
+//   S^T [16 tokens x 8 heads] = K [16 x D] . Q^T     (D / 16 k-steps)
 //   online softmax on S in fp32, base 2 (sm_scale * log2(e) folded into one multiply)
-//   O [16 heads x D] += P [16 x 16 tokens] . V       (P rounded to the input type, as any
+//   O^T [D x 8 heads] += V^T [D x 16 tokens] . P^T   (P rounded to the input type, as any
 //                                                     tensor-core attention does)
+//
+// With 16 heads as the M dimension, G = 4 used a quarter of each tile and twice the mma and
+// rescaling instructions per step (a lone warp's step was measured bound by its own instruction
+// chain, not by waiting for memory).
 //
 // Per task (request, KV head, head chunk, split) one warp per 128 head dims streams the task's
 // tokens in steps of 16 through a ring of kStages steps in shared memory:
@@ -23,12 +28,13 @@
 //   them. Tokens past a split's end and rows of a bad page id are zero-filled by the copy itself
 //   (source size 0), so P V stays finite where P is 0.
 // * Fragments: ldmatrix in the mma layouts, so the head dimension keeps its natural order.
-//   S = Q K^T: ldmatrix.x4 of K rows (tokens) gives the B fragments of both 8-token halves for
-//   one 16-dim k-step (even and odd k-steps accumulate apart: two shorter dependent chains); Q's
-//   A fragments are read once from global memory. S's accumulator fragment is P's operand
-//   fragment (lane (g = lane / 4, c = lane % 4) holds tokens 2c, 2c+1, 2c+8, 2c+9 of rows g and
-//   g + 8), so P never leaves registers. O += P V: ldmatrix.x4.trans of V rows gives the B
-//   fragments of two 8-dim tiles; O's tile j holds dims 8 j + 2c, 8 j + 2c + 1 of rows g, g + 8.
+//   S^T = K Q^T: ldmatrix.x4 of K rows (tokens) gives the A fragment of one 16-dim k-step (even
+//   and odd k-steps accumulate apart: two shorter dependent chains); Q^T's B fragments are read
+//   once from global memory. Lane (g = lane / 4, c = lane % 4) of S^T holds tokens g, g + 8 of
+//   heads 2c, 2c + 1, so a head's max and sum reduce over the 8 lanes of its c. P^T's B fragment
+//   wants tokens 2c, 2c + 1 (+ 8) of head g: each 8x8 half of P, packed to the input type, is
+//   transposed in registers (movmatrix). O^T += V^T P^T: ldmatrix.x4.trans of V rows gives the A
+//   fragment of a 16-dim tile; O^T's tile i holds dims 16 i + g, 16 i + g + 8 of heads 2c, 2c + 1.
 //   Each row's 16-byte chunks are permuted by an xor with the row index (RingLayout::offset), so
 //   the 8 rows of an ldmatrix fall in distinct banks and a copy's 128-byte lines stay whole in
 //   shared memory (rows padded by 16 bytes instead split each line in two: 1.5x the L2 sector
@@ -147,6 +153,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #endif
 }
 
+// An 8x8 b16 matrix held as mma fragments (lane (g, c): row g, columns 2c, 2c + 1) transposed
+// across the warp: lane (g, c) gets rows 2c, 2c + 1 of column g.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+#endif
+  return d;
+}
+
 // 16 bytes global -> shared, bypassing L1; `bytes` 0 writes zeros and reads nothing.
 __device__ __forceinline__ void copy16(uint32_t dst, const void* src, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -168,20 +184,22 @@ __device__ __forceinline__ void copy_wait() {
 }
 
 // One task per CTA: the query heads head0 .. head0 + rows - 1 (one KV head's, at most 16) of
-// request b over the tokens of one split. Head dims above 128 are shared out over warps, 128
+// request b over the tokens of one split, the heads as the N dimension of the tiles
+// (kHeadTiles tiles of 8: 1 when a KV head has at most 8 query heads, else 2). Head dims above 128 are shared out over warps, 128
 // each (the accumulators of 256 dims would not fit one warp's registers), each with its own ring;
 // each warp computes its part of S, and the parts are added through shared memory in warp order,
 // so every warp holds the same S. See the file comment for the layouts.
-template <typename T, int D, int kStages>
+template <typename T, int D, int kStages, int kHeadTiles>
 __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWarpsOf<D>)
     paged_decode_ring_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = RingLayout<T, D>;
   constexpr int kWarps = kWarpsOf<D>;
   constexpr int kDims = L::kDims;
-  constexpr int kKSteps = kDims / 16;
-  constexpr int kTiles = kDims / 8;
+  constexpr int kKSteps = kDims / 16;    // k-steps of S^T = K Q^T
+  constexpr int kDimTiles = kDims / 16;  // 16-dim tiles of O^T
   constexpr int kStageBytes = L::kStageBytes;
+  static_assert(kHeadTiles == 1 || kHeadTiles * 8 == kPagedDecodeRows, "two tiles hold a whole chunk of heads");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int dim0 = warp * kDims;
@@ -278,19 +296,19 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     copy_commit();  // one group per step, empty past the end, so the waits count steps
   };
 
-  // Q as A fragments, one per k-step, in natural dim order: rows g and g + 8 (zero past the
-  // chunk's heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
-  uint32_t qa[kKSteps][4];
+  // Q^T as B fragments, one per k-step and 8-head tile: head 8 nt + g (zero past the chunk's
+  // heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
+  uint32_t qb[kKSteps][kHeadTiles][2];
   {
     const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const bool in = g + 8 * r < rows;
-        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (g + 8 * r) * p.q_stride_h + 16 * j);
-        qa[j][r] = in ? __ldg(row) : 0u;
-        qa[j][2 + r] = in ? __ldg(row + 4) : 0u;
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const bool in = 8 * nt + g < rows;
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
+        qb[j][nt][0] = in ? __ldg(row) : 0u;
+        qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
       }
     }
   }
@@ -307,20 +325,30 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
 
   const float scale = p.sm_scale * kLog2e;
   const float kNegInf = OPFORGE_NEG_INF;
-  float o[kTiles][4];
+  // O^T tiles: o[i][nt] holds dims 16 i + g (elements 0, 1) and 16 i + g + 8 (2, 3) of heads
+  // 8 nt + 2c (elements 0, 2) and 8 nt + 2c + 1 (1, 3).
+  float o[kDimTiles][kHeadTiles][4];
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m[2] = {kNegInf, kNegInf};  // running max of rows g, g + 8 (base-2 logits)
-  float l[2] = {0.f, 0.f};          // this lane's share of the running sums
-  // Parts of S from every warp (kWarps > 1), double-buffered by step parity: a warp writes the
+  for (int i = 0; i < kDimTiles; ++i) {
+#pragma unroll
+    for (int nt = 0; nt < kHeadTiles; ++nt) o[i][nt][0] = o[i][nt][1] = o[i][nt][2] = o[i][nt][3] = 0.f;
+  }
+  // Per head 8 nt + 2c + h: the running max (base-2 logits; the same in every lane of the head)
+  // and this lane's share of the running sum (its tokens g and g + 8 of each step).
+  float m[kHeadTiles][2], l[kHeadTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kHeadTiles; ++nt) m[nt][0] = m[nt][1] = kNegInf, l[nt][0] = l[nt][1] = 0.f;
+  // Parts of S^T from every warp (kWarps > 1), double-buffered by step parity: a warp writes the
   // next step's buffer only after all have passed this step's barrier.
-  __shared__ float4 s_parts[kWarps > 1 ? 2 : 1][kWarps][2][kWarps > 1 ? 32 : 1];
+  __shared__ float4 s_parts[kWarps > 1 ? 2 : 1][kWarps][kHeadTiles][kWarps > 1 ? 32 : 1];
   int parity = 0;
 
-  // ldmatrix row addresses of this lane inside a stage: K matrices (token 8 (L / 16) + L % 8,
-  // dims + 8 ((L / 8) % 2)); V matrices (token 8 ((L / 8) % 2) + L % 8, dims + 8 (L / 16)).
-  const int ld_k_row = (lane >> 4) * 8 + (lane & 7), ld_k_chunk = (lane >> 3) & 1;
-  const int ld_v_row = kPagedDecodeStep + ((lane >> 3) & 1) * 8 + (lane & 7), ld_v_chunk = lane >> 4;
+  // ldmatrix row addresses of this lane inside a stage. K as A (tokens x dims): matrices (tokens
+  // 0-7, dims + 0), (tokens 8-15, + 0), (0-7, + 8), (8-15, + 8), so lane L points at token
+  // 8 ((L / 8) % 2) + L % 8, 16-byte chunk L / 16 of the k-step. V^T as A (dims x tokens, read
+  // transposed): matrices (tokens 0-7, dims + 0), (0-7, + 8), (8-15, + 0), (8-15, + 8).
+  const int ld_k_row = ((lane >> 3) & 1) * 8 + (lane & 7), ld_k_chunk = lane >> 4;
+  const int ld_v_row = kPagedDecodeStep + (lane >> 4) * 8 + (lane & 7), ld_v_chunk = (lane >> 3) & 1;
 
   for (int s = 0; s < steps; ++s) {
     const int t0 = begin + s * kPagedDecodeStep;
@@ -333,116 +361,136 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     __syncwarp();
     const uint32_t base = ring + (s % kStages) * kStageBytes;
 
-    // S = Q K^T, even and odd k-steps in separate accumulators (two shorter dependent chains).
-    float acc[2][2][4] = {};
+    // S^T = K Q^T (tokens x heads), even and odd k-steps in separate accumulators (two shorter
+    // dependent chains).
+    float acc[2][kHeadTiles][4] = {};
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j) {
-      uint32_t kb[4];
-      ldmatrix_x4<false>(kb, base + L::offset(ld_k_row, 2 * j + ld_k_chunk));
-      mma_16x8x16<T>(acc[j & 1][0], qa[j], kb[0], kb[1]);
-      mma_16x8x16<T>(acc[j & 1][1], qa[j], kb[2], kb[3]);
+      uint32_t ka[4];
+      ldmatrix_x4<false>(ka, base + L::offset(ld_k_row, 2 * j + ld_k_chunk));
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) mma_16x8x16<T>(acc[j & 1][nt], ka, qb[j][nt][0], qb[j][nt][1]);
     }
-    float sc[2][4];
+    // sc[nt]: tokens t0 + g (elements 0, 1) and t0 + g + 8 (2, 3) of heads 8 nt + 2c (0, 2) and
+    // 8 nt + 2c + 1 (1, 3).
+    float sc[kHeadTiles][4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sc[h][e] = acc[0][h][e] + acc[1][h][e];
+      for (int e = 0; e < 4; ++e) sc[nt][e] = acc[0][nt][e] + acc[1][nt][e];
     }
     if constexpr (kWarps > 1) {
-      s_parts[parity][warp][0][lane] = make_float4(sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
-      s_parts[parity][warp][1][lane] = make_float4(sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        s_parts[parity][warp][nt][lane] = make_float4(sc[nt][0], sc[nt][1], sc[nt][2], sc[nt][3]);
+      }
       __syncthreads();
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float4 sum = s_parts[parity][0][h][lane];
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        float4 sum = s_parts[parity][0][nt][lane];
 #pragma unroll
         for (int w = 1; w < kWarps; ++w) {
-          const float4 part = s_parts[parity][w][h][lane];
+          const float4 part = s_parts[parity][w][nt][lane];
           sum.x += part.x, sum.y += part.y, sum.z += part.z, sum.w += part.w;
         }
-        sc[h][0] = sum.x, sc[h][1] = sum.y, sc[h][2] = sum.z, sc[h][3] = sum.w;
+        sc[nt][0] = sum.x, sc[nt][1] = sum.y, sc[nt][2] = sum.z, sc[nt][3] = sum.w;
       }
       parity ^= 1;
     }
-    // Online softmax in base 2: sc[h][0..1] are row g's, sc[h][2..3] row g + 8's; half h holds
-    // tokens t0 + 8 h + 2c (+1).
+    // Online softmax in base 2, per head over the 8 lanes that share c (one token pair each).
+    const bool live_lo = t0 + g < end, live_hi = t0 + g + 8 < end;
+    float alpha[kHeadTiles][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        sc[h][e] = t0 + 8 * h + 2 * c + (e & 1) < end ? sc[h][e] * scale : kNegInf;
-      }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = fmaxf(fmaxf(sc[0][2 * r], sc[0][2 * r + 1]), fmaxf(sc[1][2 * r], sc[1][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // the 4 lanes of a row
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[r], mx);
-      const float base_m = m_new == kNegInf ? 0.f : m_new;  // nothing seen yet: keeps exp2 off -inf - -inf
-      alpha[r] = exp2f(m[r] - base_m);
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        sc[h][2 * r] = exp2f(sc[h][2 * r] - base_m);
-        sc[h][2 * r + 1] = exp2f(sc[h][2 * r + 1] - base_m);
+        float& lo = sc[nt][h];
+        float& hi = sc[nt][2 + h];
+        lo = live_lo ? lo * scale : kNegInf;
+        hi = live_hi ? hi * scale : kNegInf;
+        float mx = fmaxf(lo, hi);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m[nt][h], mx);
+        const float base_m = m_new == kNegInf ? 0.f : m_new;  // nothing seen yet: keeps exp2 off -inf - -inf
+        alpha[nt][h] = exp2f(m[nt][h] - base_m);
+        lo = exp2f(lo - base_m);
+        hi = exp2f(hi - base_m);
+        l[nt][h] = l[nt][h] * alpha[nt][h] + (lo + hi);
+        m[nt][h] = m_new;
       }
-      l[r] = l[r] * alpha[r] + ((sc[0][2 * r] + sc[0][2 * r + 1]) + (sc[1][2 * r] + sc[1][2 * r + 1]));
-      m[r] = m_new;
     }
-    // O = alpha O + P V over the step's 16 tokens (k slot i <-> token t0 + i).
-    const uint32_t pa[4] = {pack2<T>(sc[0][0], sc[0][1]), pack2<T>(sc[0][2], sc[0][3]), pack2<T>(sc[1][0], sc[1][1]),
-                            pack2<T>(sc[1][2], sc[1][3])};
+    // P^T as B fragments: the accumulator holds P's tokens g, g + 8 by heads 2c, 2c + 1; a B
+    // fragment wants tokens 2c, 2c + 1 (and + 8) by head g, i.e. each 8x8 half transposed.
+    uint32_t pb[kHeadTiles][2];
 #pragma unroll
-    for (int i = 0; i < kTiles / 2; ++i) {
-      uint32_t vb[4];
-      ldmatrix_x4<true>(vb, base + L::offset(ld_v_row, 2 * i + ld_v_chunk));
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+      pb[nt][0] = movmatrix_trans(pack2<T>(sc[nt][0], sc[nt][1]));
+      pb[nt][1] = movmatrix_trans(pack2<T>(sc[nt][2], sc[nt][3]));
+    }
+    // O^T = alpha O^T + V^T P^T over the step's 16 tokens (k slot i <-> token t0 + i).
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float(&acc_o)[4] = o[2 * i + h];
-        acc_o[0] *= alpha[0], acc_o[1] *= alpha[0], acc_o[2] *= alpha[1], acc_o[3] *= alpha[1];
-        mma_16x8x16<T>(acc_o, pa, vb[2 * h], vb[2 * h + 1]);
+    for (int i = 0; i < kDimTiles; ++i) {
+      uint32_t va[4];
+      ldmatrix_x4<true>(va, base + L::offset(ld_v_row, 2 * i + ld_v_chunk));
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        float(&acc_o)[4] = o[i][nt];
+        acc_o[0] *= alpha[nt][0], acc_o[1] *= alpha[nt][1], acc_o[2] *= alpha[nt][0], acc_o[3] *= alpha[nt][1];
+        mma_16x8x16<T>(acc_o, va, pb[nt][0], pb[nt][1]);
       }
     }
   }
 
-  // Row sums over the 4 lanes of each row; a bad page id anywhere spoils the whole task.
+  // Sums over the 8 lanes of each head; a bad page id anywhere spoils the whole task.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 4);
+      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 8);
+      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 16);
+    }
   }
   // Every warp fetched the same page ids, so each one's flag is the task's.
   bad = bad || __any_sync(0xffffffffu, bad_page);
   const float nan = __int_as_float(0x7fffffff);
   const int64_t rows_total = p.batch * p.num_qo_heads;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = g + 8 * r;
-    if (row >= rows) continue;
-    const int64_t head = head0 + row;
-    // l == 0: no token (a zero output, lse -inf); a NaN l stays NaN.
-    const float inv = bad ? nan : l[r] == 0.f ? 0.f : 1.f / l[r];
-    const float lse = bad ? nan : l[r] == 0.f ? kNegInf : m[r] + log2f(l[r]);
-    // O's tile j holds dims 8 j + 2c and 8 j + 2c + 1 of this row.
-    if (splits == 1) {
-      T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim0 + 2 * c;
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        const float pair[2] = {o[j][2 * r] * inv, o[j][2 * r + 1] * inv};
-        store_float<T, 2>(out + 8 * j, pair);
-      }
-    } else {
-      const int64_t row_index = int64_t(split) * rows_total + b * p.num_qo_heads + head;
-      float2* ws = reinterpret_cast<float2*>(p.workspace + row_index * D + dim0 + 2 * c);
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) ws[4 * j] = make_float2(o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    }
-    if (c == 0 && warp == 0) {
+    for (int h = 0; h < 2; ++h) {
+      const int row = 8 * nt + 2 * c + h;
+      if (row >= rows) continue;
+      const int64_t head = head0 + row;
+      // l == 0: no token (a zero output, lse -inf); a NaN l stays NaN.
+      const float inv = bad ? nan : l[nt][h] == 0.f ? 0.f : 1.f / l[nt][h];
+      const float lse = bad ? nan : l[nt][h] == 0.f ? kNegInf : m[nt][h] + log2f(l[nt][h]);
+      // This lane's dims of the head: 16 i + g and 16 i + g + 8.
       if (splits == 1) {
-        p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = lse;
+        T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim0 + g;
+#pragma unroll
+        for (int i = 0; i < kDimTiles; ++i) {
+          out[16 * i] = from_float<T>(o[i][nt][h] * inv);
+          out[16 * i + 8] = from_float<T>(o[i][nt][2 + h] * inv);
+        }
       } else {
-        p.workspace[int64_t(splits) * rows_total * D + int64_t(split) * rows_total + b * p.num_qo_heads + head] = lse;
+        const int64_t row_index = int64_t(split) * rows_total + b * p.num_qo_heads + head;
+        float* ws = p.workspace + row_index * D + dim0 + g;
+#pragma unroll
+        for (int i = 0; i < kDimTiles; ++i) {
+          ws[16 * i] = o[i][nt][h] * inv;
+          ws[16 * i + 8] = o[i][nt][2 + h] * inv;
+        }
+      }
+      if (g == 0 && warp == 0) {
+        if (splits == 1) {
+          p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = lse;
+        } else {
+          p.workspace[int64_t(splits) * rows_total * D + int64_t(split) * rows_total + b * p.num_qo_heads + head] =
+              lse;
+        }
       }
     }
   }
@@ -586,21 +634,47 @@ __global__ void __launch_bounds__(kMergeThreads)
   all.write<T>(p, row, dim, lane == 0);
 }
 
+// The dynamic shared memory a ring kernel launches with on `device`: its warps' rings
+// (`ring_bytes`), padded where more CTAs than the plan counts on (kPagedDecodeWarpsPerSm warps
+// per SM) would otherwise be resident. The plan sizes its waves for that many; one-warp CTAs of
+// 24 KB leave room for 9 on an H200's 228 KB, so 2048 CTAs made 1.7 waves instead of 2 and,
+// with the faster heads-as-N step, cost up to 8% (128 x 8192, 2 splits: 1096 us with 9
+// resident, 1028 with 8; bench/results/2026-11-26_h200_00c5d5f_paged_decode_heads_as_n/).
+// Opts the kernel in to that much (past 48 KB at head_dim 256). Minus a CUDA error on failure.
+template <typename Kernel>
+int ring_smem(Kernel kernel, int ring_bytes, int warps, int device) {
+  int per_sm = 0, reserved = 0, per_block = 0;
+  cudaFuncAttributes attr{};
+  cudaError_t e = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernel);
+  if (e != cudaSuccess) return -static_cast<int>(e);
+  const int fixed = reserved + static_cast<int>(attr.sharedSizeBytes);
+  // With per_sm / ctas bytes each, ctas fit an SM and ctas + 1 do not (rounded down to the
+  // 128-byte allocation unit, which per_sm / ctas exceeds many times over).
+  const int ctas = kPagedDecodeWarpsPerSm / warps;
+  int bytes = (per_sm / ctas - fixed) / 128 * 128;
+  if (bytes > per_block - static_cast<int>(attr.sharedSizeBytes)) bytes = per_block - static_cast<int>(attr.sharedSizeBytes);
+  if (bytes < ring_bytes) bytes = ring_bytes;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return e == cudaSuccess ? bytes : -static_cast<int>(e);
+}
+
 template <typename T, int D>
 int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   static_assert(kWarpsOf<D> == paged_decode_warps(D), "the plan counts the kernel's warps");
-  constexpr int kSmem = kWarpsOf<D> * kRingStages * RingLayout<T, D>::kStageBytes;
-  // Dynamic shared memory past 48 KB in all (head_dim 256: two warps' rings and the static
-  // arrays) needs opting in; done once per device for every instantiation.
-  static PerDevice opted_in;  // 1 done, else minus the error
-  const int opt_in = opted_in.get(device, [] {
-    const cudaError_t e = cudaFuncSetAttribute(paged_decode_ring_kernel<T, D, kRingStages>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    return e == cudaSuccess ? 1 : -static_cast<int>(e);
+  // One tile of 8 heads when a KV head has at most 8 query heads (h32_kv8, h32_kv4: half the
+  // tensor-core work of a 16-head tile), else two.
+  const bool one_tile = p.num_qo_heads / p.num_kv_heads <= 8;
+  const auto ring_kernel =
+      one_tile ? paged_decode_ring_kernel<T, D, kRingStages, 1> : paged_decode_ring_kernel<T, D, kRingStages, 2>;
+  static PerDevice smem_one_tile, smem_two_tiles;  // bytes, else minus the error
+  const int smem = (one_tile ? smem_one_tile : smem_two_tiles).get(device, [&] {
+    return ring_smem(ring_kernel, kWarpsOf<D> * kRingStages * RingLayout<T, D>::kStageBytes, kWarpsOf<D>, device);
   });
-  if (opt_in < 0) return -opt_in;
-  paged_decode_ring_kernel<T, D, kRingStages>
-      <<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, kSmem, stream>>>(p, plan.head_chunks, plan.splits);
+  if (smem < 0) return -smem;
+  ring_kernel<<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, smem, stream>>>(p, plan.head_chunks, plan.splits);
   const int err = last_launch_status();
   if (err != 0 || plan.splits == 1) return err;
   const int64_t rows = p.batch * p.num_qo_heads;

@@ -41,13 +41,13 @@ struct PagedDecodeParams {
   float sm_scale = 0.f;
 };
 
-// A CTA computes one task: the query heads of one KV head (up to kPagedDecodeRows of them: the
-// rows of one tensor-core tile) of one request over one slice of its tokens, reading each K and
-// V row of that slice once for all of those heads. It is one warp per 128 head dims (two for
+// A CTA computes one task: the query heads of one KV head (up to kPagedDecodeRows of them: two
+// 8-head tensor-core tiles, or one when the KV head has at most 8) of one request over one slice
+// of its tokens, reading each K and V row of that slice once for all of those heads. It is one warp per 128 head dims (two for
 // head_dim 256).
 constexpr int kPagedDecodeRows = 16;
 constexpr int paged_decode_warps(int64_t head_dim) { return head_dim > 128 ? static_cast<int>(head_dim / 128) : 1; }
-// Tokens per step of the main loop: one 16-deep k-step of the P.V product.
+// Tokens per step of the main loop: one 16-deep k-step of the V^T.P^T product.
 constexpr int kPagedDecodeStep = 16;
 // Warps resident per SM that the plan counts on: a warp holds about 200 registers per thread and
 // a 24 KB ring of K and V rows in shared memory at 128 dims, so 8 fit an sm_90 SM (fewer where
