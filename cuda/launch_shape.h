@@ -43,10 +43,12 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
 }
 
 // Picks the launch for `rows` rows of `nv` vectors on a GPU with `sms` multiprocessors; `add`
-// says the residual is read and written too. Measured on H200 (bench/results/):
-// - batches that fill the GPU run best with 8 vectors of row data in flight per thread: 8
-//   vectors per thread for RMSNorm, 4 (x and residual) for the fused add unless that needs a
-//   group wider than 256 threads, where the wider reduction costs more than the loads save;
+// says the residual is read and written too. Measured on H200 (bench/results/, the norm launch
+// sweeps):
+// - batches that fill the GPU run best with 4 vectors per thread, RMSNorm and the fused add
+//   alike (at hidden 4096 and 8192, 8 was 3-7% slower for RMSNorm and 6-13% for the fused add),
+//   unless that needs a group wider than 256 threads, where the wider reduction costs more than
+//   the loads save and 8 serve;
 // - smaller batches (decode) run best with groups of at most 256 threads holding as few vectors
 //   each as that allows (1 for hidden 2048 in bf16, 2 for 4096, 4 for 8192, 8 for 16384).
 // Rows too long for registers use the streaming kernel, which re-reads the row from L2 and needs
@@ -65,7 +67,7 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, bool add, int sms,
     if (!norm_register_launch(rows, nv, vpt, &c)) continue;
     if (any.vecs_per_thread < 0) any = c;
     if (small.vecs_per_thread < 0 && c.group <= 256) small = c;
-    if (vpt == 8 || (add && vpt == 4 && c.group <= 256)) {
+    if (vpt == 8 || (vpt == 4 && c.group <= 256)) {
       if (large.vecs_per_thread < 0) large = c;
     }
   }
