@@ -36,11 +36,14 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 
   Vec<T, VEC> xr[VPT], rr[ADD ? VPT : 1], wr[VPT];
   bool ok[VPT];
-  // Column indices fit in 32 bits: a row held in registers has at most 1024 threads x 8 vectors.
+  // Column indices and the row length fit in 32 bits: a row held in registers has at most 1024
+  // threads x 8 vectors. (64-bit compares and clamps cost twice the instructions, all of them
+  // ahead of the first load.)
+  const int hidden = static_cast<int>(p.hidden);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = (i * group + lane) * VEC;
-    ok[i] = c < p.hidden;
+    ok[i] = c < hidden;
     const int cc = ok[i] ? c : 0;
     xr[i] = load_vec<T, VEC>(in + cc);
     if constexpr (ADD) rr[i] = load_vec<T, VEC>(res + cc);
@@ -79,8 +82,11 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
       for (int j = 0; j < VEC; ++j) ss += s[j] * s[j];
     }
   }
+  // The mean as a product with the row length's reciprocal, worked out while the loads are in
+  // flight: a division here would sit on the critical path (with its slow-path check).
+  const float inv_hidden = 1.f / static_cast<float>(hidden);
   ss = row_sum(ss, scratch);
-  const float rstd = rsqrtf(ss / static_cast<float>(p.hidden) + p.eps);
+  const float rstd = rsqrtf(ss * inv_hidden + p.eps);
 
   if (!active) return;
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
@@ -125,8 +131,9 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 #pragma unroll
     for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
   }
+  const float inv_hidden = 1.f / static_cast<float>(p.hidden);  // as the register path does
   ss = row_sum(ss, scratch);
-  const float rstd = rsqrtf(ss / static_cast<float>(p.hidden) + p.eps);
+  const float rstd = rsqrtf(ss * inv_hidden + p.eps);
 
   const T* w = static_cast<const T*>(p.weight);
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
