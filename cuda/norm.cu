@@ -69,7 +69,17 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   // reduction (83 -> 96 registers at 4: a block fewer per SM), so those store it at the end.
   constexpr bool kEarlyResidual = ADD && VPT <= 2;
   T* res_out = static_cast<T*>(p.residual_out) + r * p.residual_out_stride;
-  float ss = 0.f;
+  // Squares summed in kChains independent chains, folded pairwise at the end: at decode sizes
+  // this sum sits between the loads and the reduction, and one chain of VPT * VEC dependent
+  // multiply-adds (16 at one row of 4096) was most of that time. Four chains, not one per element:
+  // eight cost 15 more registers at 2 vectors per thread (a quarter fewer blocks per SM at mid
+  // sizes, measured 5-30% slower there); four cost none. At 8 vectors per thread (only rows of
+  // 16384 and more, at big batches, where other warps hide the chain) one chain keeps the
+  // register count, and so the blocks per SM, as they were.
+  constexpr int kChains = VPT >= 8 ? 1 : VEC < 4 ? VEC : 4;
+  float sq[kChains];
+#pragma unroll
+  for (int j = 0; j < kChains; ++j) sq[j] = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (ok[i]) {
@@ -79,13 +89,18 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
         if (active) store_float<T, VEC>(res_out + (i * group + lane) * VEC, s);
       }
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) ss += s[j] * s[j];
+      for (int j = 0; j < VEC; ++j) sq[j % kChains] += s[j] * s[j];
     }
+  }
+#pragma unroll
+  for (int width = kChains / 2; width > 0; width /= 2) {
+#pragma unroll
+    for (int j = 0; j < width; ++j) sq[j] += sq[j + width];
   }
   // The mean as a product with the row length's reciprocal, worked out while the loads are in
   // flight: a division here would sit on the critical path (with its slow-path check).
   const float inv_hidden = 1.f / static_cast<float>(hidden);
-  ss = row_sum(ss, scratch);
+  const float ss = row_sum(sq[0], scratch);
   const float rstd = rsqrtf(ss * inv_hidden + p.eps);
 
   if (!active) return;
