@@ -75,6 +75,26 @@ __device__ __forceinline__ void to_floats(const Vec<T, N>& raw, float (&out)[N])
   for (int i = 0; i < N; ++i) out[i] = to_float(raw.v[i]);
 }
 
+// bf16 is the top half of an fp32: a pair of bf16 in one 32-bit word widens with one shift (low
+// element) and one mask (high element). Element by element, the compiler extracts the high half
+// first (a byte permute, then the shift): three instructions per pair instead of two, which at
+// decode sizes, where one block does the whole row, is issue time on the critical path.
+template <int N>
+__device__ __forceinline__ void to_floats(const Vec<__nv_bfloat16, N>& raw, float (&out)[N]) {
+  if constexpr (N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      unsigned int pair;
+      memcpy(&pair, &raw.v[i], sizeof(pair));
+      out[i] = __uint_as_float(pair << 16);
+      out[i + 1] = __uint_as_float(pair & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = __bfloat162float(raw.v[i]);
+  }
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void store_float(T* p, const float (&in)[N]) {
   Vec<T, N> raw;
