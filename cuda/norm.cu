@@ -104,6 +104,9 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   const float rstd = rsqrtf(ss * inv_hidden + p.eps);
 
   if (!active) return;
+  // y = s * rstd * (w + offset) as s * fma(w, rstd, rstd * offset): two instructions per element
+  // instead of three.
+  const float rstd_offset = rstd * p.weight_offset;
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
     if constexpr (ADD && !kEarlyResidual) store_float<T, VEC>(res_out + c, s);
     to_floats(wr[i], wv);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) y[j] = s[j] * rstd * (wv[j] + p.weight_offset);
+    for (int j = 0; j < VEC; ++j) y[j] = s[j] * fmaf(wv[j], rstd, rstd_offset);
     store_float<T, VEC>(out + c, y);
   }
 }
@@ -150,6 +153,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
   ss = row_sum(ss, scratch);
   const float rstd = rsqrtf(ss * inv_hidden + p.eps);
 
+  const float rstd_offset = rstd * p.weight_offset;  // as the register path does
   const T* w = static_cast<const T*>(p.weight);
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
   T* res_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
@@ -166,7 +170,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
       store_float<T, VEC>(res_out + c, x);
     }
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) x[j] = x[j] * rstd * (wv[j] + p.weight_offset);
+    for (int j = 0; j < VEC; ++j) x[j] = x[j] * fmaf(wv[j], rstd, rstd_offset);
     store_float<T, VEC>(out + c, x);
   }
 }
