@@ -57,3 +57,4 @@ $PY bench/roofline.py --dry-run
 # would take a minute; the Triton solution is tested in tests/).
 $PY bench/paged_decode_attention.py --dry-run --impls opforge,sdpa
 $PY bench/norm_launch_sweep.py --dry-run
+$PY bench/decode_placement.py --dry-run

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Decode-size device time against where the buffers sit in memory, opforge and Liger-Kernel alike.
+
+    python3 bench/decode_placement.py --markdown bench/results/DATE_GPU_COMMIT_decode_placement/results.md
+    python3 bench/decode_placement.py --trials 32 --ops rmsnorm
+    python3 bench/decode_placement.py --dry-run     # every code path on tiny CPU tensors, in seconds
+
+A one-row norm runs as one block on one SM, so its time is a chain of memory round trips, and a
+round trip's latency depends on where the line lives (which L2 slice, near or far partition). The
+same kernel on other buffers can then take a different time, by more than the differences between
+implementations that single numbers (bench/roofline.py's) report. This script measures that: per
+trial, a random-sized spacer allocation shifts where fresh inputs and outputs land, and each
+implementation is timed on those same buffers (CUDA-graph replay, µs per call, as the roofline's
+decode table). It reports, per op and implementation, the spread over trials and how often
+opforge was the faster one on the same buffers.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import opspecs  # noqa: E402
+import timing  # noqa: E402
+from opspecs import SPEC  # noqa: E402
+from roofline import add_output_args, collect_meta, fmt, safe, start, write as write_results  # noqa: E402
+
+#: (op, rows, hidden): the roofline's decode sizes where single-number comparisons were closest.
+CASES = (("rmsnorm", 1, 4096), ("fused_add_rmsnorm", 1, 4096), ("rmsnorm", 256, 4096),
+         ("fused_add_rmsnorm", 256, 4096), ("silu_and_mul", 1, 14336))
+#: Spacers shift the next allocations by whole 512-byte steps up to 1 MiB: the address bits that
+#: pick L2 slices, within the caching allocator's small-block segments.
+SPACER_STEP = 512
+SPACER_STEPS = 2048
+
+
+def time_us(fn, cuda: bool) -> "float | str":
+    if cuda:
+        return safe(timing.graph_replay_us, fn, ())
+    return safe(timing.cpu_call_overhead_us, fn, n=20, repeats=3)
+
+
+def run_case(op: str, rows: int, hidden: int, trials: int, cuda: bool, liger: dict, rng: random.Random) -> dict:
+    spec = SPEC[op]
+    device = "cuda" if cuda else "cpu"
+    times = {"opforge": [], "liger": []}
+    spacers = []  # kept alive so every trial's buffers land somewhere new
+    for trial in range(trials):
+        spacers.append(torch.empty(rng.randrange(SPACER_STEPS) * SPACER_STEP, dtype=torch.uint8, device=device))
+        inputs = opspecs.make_input_sets(spec, rows, hidden, torch.bfloat16, device, 1, seed=trial)[0]
+        outs = opspecs.make_outputs(spec, inputs, fill=float("nan"))
+        call = spec.bound_call(inputs, outs)
+        call()
+        problem = opspecs.check(spec, inputs, outs)
+        if problem:  # a wrong result is not timed
+            raise SystemExit(f"{op} {rows}x{hidden}: opforge does not match the reference: {problem}")
+        times["opforge"].append(time_us(call, cuda))
+        if spec.liger in liger:
+            peer = liger[spec.liger][1]
+            times["liger"].append(time_us(lambda: peer(*inputs), cuda))
+    del spacers
+    return {"op": op, "rows": rows, "hidden": hidden, "trials": trials, "us": times}
+
+
+def summary(row: dict) -> dict:
+    out = {}
+    for impl, values in row["us"].items():
+        ok = [v for v in values if isinstance(v, float)]
+        if ok:
+            out[impl] = {"min": min(ok), "median": statistics.median(ok), "max": max(ok), "n": len(ok)}
+    pairs = [(a, b) for a, b in zip(row["us"]["opforge"], row["us"]["liger"]) if isinstance(a, float) and isinstance(b, float)]
+    if pairs:
+        out["opforge_faster"] = sum(a < b for a, b in pairs) / len(pairs)
+    return out
+
+
+def render(results: dict) -> str:
+    m = results["meta"]
+    lines = [f"# Decode-size time against buffer placement — {m.get('gpu', 'CPU (dry run)')}\n",
+             f"torch {m['torch']}, commit {m['commit']}, {m['time_utc']}; bf16; "
+             f"{'CUDA-graph replay, µs per call' if m.get('gpu') else 'host loop (dry run: times mean nothing)'}; "
+             "each trial: fresh buffers behind a random spacer, every implementation on the same buffers.\n",
+             "| op | rows×hidden | trials | opforge min / median / max | Liger min / median / max | opforge faster on the same buffers |",
+             "|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        s = r["summary"]
+
+        def spread(impl):
+            v = s.get(impl)
+            return f"{fmt(v['min'], 2)} / {fmt(v['median'], 2)} / {fmt(v['max'], 2)}" if v else "n/a"
+
+        won = s.get("opforge_faster")
+        lines.append(f"| {r['op']} | {r['rows']}×{r['hidden']} | {r['trials']} | {spread('opforge')} | {spread('liger')} | "
+                     f"{'n/a' if won is None else f'{100 * won:.0f}%'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_output_args(p, "every code path on tiny CPU tensors; times mean nothing")
+    p.add_argument("--trials", type=int, default=24, help="placements per case (default: 24)")
+    p.add_argument("--ops", help="comma-separated subset of " + ",".join(sorted({c[0] for c in CASES})))
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    cuda = start(args, render)
+    if cuda is None:
+        return 0
+    cases = [c for c in CASES if not args.ops or c[0] in args.ops.split(",")]
+    if args.dry_run:
+        cases = list(dict.fromkeys((op, 2, 64) for op, _, _ in cases))
+    trials = 2 if args.dry_run else args.trials
+    liger, liger_errors = opspecs.liger_peers() if cuda else ({}, {})
+    results = {"meta": collect_meta(args, cuda), "liger_errors": liger_errors, "rows": []}
+    rng = random.Random(args.seed)
+    with torch.no_grad():
+        for op, rows, hidden in cases:
+            row = run_case(op, rows, hidden, trials, cuda, liger, rng)
+            row["summary"] = summary(row)
+            results["rows"].append(row)
+            print(f"{op} {rows}x{hidden}: {row['summary']}", flush=True)
+    write_results(results, args.out, args.markdown, render=render)
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
