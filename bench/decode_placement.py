@@ -48,7 +48,7 @@ def time_us(fn, cuda: bool) -> "float | str":
 def run_case(op: str, rows: int, hidden: int, trials: int, cuda: bool, liger: dict, rng: random.Random) -> dict:
     spec = SPEC[op]
     device = "cuda" if cuda else "cpu"
-    times = {"opforge": [], "liger": []}
+    times = {"opforge": [], "opforge_alloc": [], "liger": []}
     spacers = []  # kept alive so every trial's buffers land somewhere new
     for trial in range(trials):
         spacers.append(torch.empty(rng.randrange(SPACER_STEPS) * SPACER_STEP, dtype=torch.uint8, device=device))
@@ -60,6 +60,9 @@ def run_case(op: str, rows: int, hidden: int, trials: int, cuda: bool, liger: di
         if problem:  # a wrong result is not timed
             raise SystemExit(f"{op} {rows}x{hidden}: opforge does not match the reference: {problem}")
         times["opforge"].append(time_us(call, cuda))
+        # Without out=: the output allocated by the call (inside the graph, from its pool), as
+        # the peers' outputs are.
+        times["opforge_alloc"].append(time_us(spec.bound_call(inputs), cuda))
         if spec.liger in liger:
             peer = liger[spec.liger][1]
             times["liger"].append(time_us(lambda: peer(*inputs), cuda))
@@ -85,8 +88,11 @@ def render(results: dict) -> str:
              f"torch {m['torch']}, commit {m['commit']}, {m['time_utc']}; bf16; "
              f"{'CUDA-graph replay, µs per call' if m.get('gpu') else 'host loop (dry run: times mean nothing)'}; "
              "each trial: fresh buffers behind a random spacer, every implementation on the same buffers.\n",
-             "| op | rows×hidden | trials | opforge min / median / max | Liger min / median / max | opforge faster on the same buffers |",
-             "|---|---|---|---|---|---|"]
+             "opforge: out= buffers allocated beside the inputs; opforge, no out=: the call allocates its "
+             "outputs, as Liger's calls do (inside a captured graph: from the graph's pool).\n",
+             "| op | rows×hidden | trials | opforge min / median / max | opforge, no out= | Liger | "
+             "opforge faster on the same buffers |",
+             "|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
         s = r["summary"]
 
@@ -95,7 +101,8 @@ def render(results: dict) -> str:
             return f"{fmt(v['min'], 2)} / {fmt(v['median'], 2)} / {fmt(v['max'], 2)}" if v else "n/a"
 
         won = s.get("opforge_faster")
-        lines.append(f"| {r['op']} | {r['rows']}×{r['hidden']} | {r['trials']} | {spread('opforge')} | {spread('liger')} | "
+        lines.append(f"| {r['op']} | {r['rows']}×{r['hidden']} | {r['trials']} | {spread('opforge')} | "
+                     f"{spread('opforge_alloc')} | {spread('liger')} | "
                      f"{'n/a' if won is None else f'{100 * won:.0f}%'} |")
     return "\n".join(lines) + "\n"
 
