@@ -33,10 +33,6 @@ from roofline import add_output_args, collect_meta, fmt, safe, start, write as w
 #: (op, rows, hidden): the roofline's decode sizes where single-number comparisons were closest.
 CASES = (("rmsnorm", 1, 4096), ("fused_add_rmsnorm", 1, 4096), ("rmsnorm", 256, 4096),
          ("fused_add_rmsnorm", 256, 4096), ("silu_and_mul", 1, 14336))
-#: Spacers shift the next allocations by whole 512-byte steps up to 1 MiB: the address bits that
-#: pick L2 slices, within the caching allocator's small-block segments.
-SPACER_STEP = 512
-SPACER_STEPS = 2048
 
 
 def time_us(fn, cuda: bool) -> "float | str":
@@ -49,10 +45,11 @@ def run_case(op: str, rows: int, hidden: int, trials: int, cuda: bool, liger: di
     spec = SPEC[op]
     device = "cuda" if cuda else "cpu"
     times = {"opforge": [], "opforge_alloc": [], "liger": []}
+    base = opspecs.make_input_sets(spec, rows, hidden, torch.bfloat16, device, 1)[0]
     spacers = []  # kept alive so every trial's buffers land somewhere new
-    for trial in range(trials):
-        spacers.append(torch.empty(rng.randrange(SPACER_STEPS) * SPACER_STEP, dtype=torch.uint8, device=device))
-        inputs = opspecs.make_input_sets(spec, rows, hidden, torch.bfloat16, device, 1, seed=trial)[0]
+    for _ in range(trials):
+        spacer, inputs = opspecs.placed_copy(base, rng)
+        spacers.append(spacer)
         outs = opspecs.make_outputs(spec, inputs, fill=float("nan"))
         call = spec.bound_call(inputs, outs)
         call()

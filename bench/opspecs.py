@@ -183,6 +183,21 @@ def make_outputs(spec: OpSpec, inputs, fill=None):
     return outs
 
 
+#: Spacers shift the next small allocations by whole 512-byte steps up to 1 MiB: the address bits
+#: that pick L2 slices, within the caching allocator's small-block segments. A one-block decode
+#: kernel's time can depend on them (bench/results/2026-11-26_h200_2d9f597_decode_placement/).
+SPACER_STEP = 512
+SPACER_STEPS = 2048
+
+
+def placed_copy(inputs, rng):
+    """``(spacer, copies)``: a random-sized spacer allocation, then fresh copies of ``inputs``, so
+    the copies land at another place in memory than the last ones (keep the spacer alive while
+    the copies are used)."""
+    spacer = torch.empty(rng.randrange(SPACER_STEPS) * SPACER_STEP, dtype=torch.uint8, device=inputs[0].device)
+    return spacer, tuple(t.clone() for t in inputs)
+
+
 def as_tuple(result):
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 

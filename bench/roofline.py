@@ -29,6 +29,8 @@ import json
 import math
 import os
 import platform
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -142,6 +144,7 @@ class Ctx:
         self.device = "cuda" if cuda else "cpu"
         self.target_s = 0.02 if args.dry_run else (0.05 if args.quick else 0.1)
         self.host_loop_s = 0.001 if args.dry_run else 0.005  # per host loop (of 9); dry: at least 100 calls
+        self.placements = 2 if args.dry_run else (3 if args.quick else 5)  # buffer placements per graph number
         self.l2 = timing.l2_bytes() if cuda else 60 << 20
         configure_dynamo()
         # Dry run: dynamo's tracing path without inductor's C++/Triton codegen, which takes minutes on CPU.
@@ -222,14 +225,40 @@ def decode_metrics(spec, args, fns, ctx):
     1×16 fp32 CPU tensors the old loop gave 2.4 µs per call where a plain loop of the same call
     gives 1.65 µs (+0.7 µs, over 40%). Both now run one loop (opforge.bench.timing.host_loop_ms):
     bound call, 20 warm-up calls, garbage collector paused, about 5 ms of back-to-back calls then
-    one synchronize, median of 9."""
-    outs = opspecs.make_outputs(spec, args)
-    bound = {"opforge(out=)": spec.bound_call(args, outs)}
-    for label, fn in fns.items():
-        bound[label] = spec.bound_call(args) if label == "opforge" else functools.partial(fn, *args)
+    one synchronize, median of 9.
+
+    The graph replay is the median over ctx.placements placements of fresh copies of the inputs
+    and outputs (a random spacer allocation before each): a one-block kernel's time can depend on
+    where its buffers sit (by 0.17 µs for a one-row RMSNorm on an H200), and one placement per
+    implementation made single numbers a draw (bench/decode_placement.py measures the spread)."""
+
+    def bind(a):
+        bound = {"opforge(out=)": spec.bound_call(a, opspecs.make_outputs(spec, a))}
+        for label, fn in fns.items():
+            bound[label] = spec.bound_call(a) if label == "opforge" else functools.partial(fn, *a)
+        return bound
+
+    bound = bind(args)
     host = {k: safe(timing.host_loop_us, f, (), ctx.cuda, target_s=ctx.host_loop_s) for k, f in bound.items()}
-    graph = {k: safe(timing.graph_replay_us, f, ()) for k, f in bound.items()} if ctx.cuda else {}
-    return {"host_loop_us": host, "graph_us": graph}
+    if not ctx.cuda and not ctx.dry:
+        return {"host_loop_us": host, "graph_us": {}}
+    # Without CUDA (dry run) a host loop stands in for the replay so the placement path runs.
+    replay = (lambda f: timing.graph_replay_us(f, ())) if ctx.cuda else \
+        (lambda f: timing.host_loop_us(f, (), False, target_s=ctx.host_loop_s))
+    rng = random.Random(0)
+    samples = {k: [] for k in bound}
+    for _ in range(ctx.placements):
+        spacer, placed = opspecs.placed_copy(args, rng)
+        for k, f in bind(placed).items():
+            samples[k].append(safe(replay, f))
+        del spacer, placed
+    graph, spread = {}, {}
+    for k, values in samples.items():
+        ok = [v for v in values if isinstance(v, float)]
+        graph[k] = statistics.median(ok) if ok else next(v for v in values)  # all failed: the first error
+        if ok:
+            spread[k] = [min(ok), max(ok)]
+    return {"host_loop_us": host, "graph_us": graph, "graph_spread_us": spread, "graph_placements": ctx.placements}
 
 
 def run_case(op, rows, hidden, dt, ctx):
@@ -351,7 +380,8 @@ def render(results):
             f"{fmt(f.get('host_loop_us'))} µs per call in a host loop, "
             f"{fmt(f.get('graph_us'), 2)} µs per call in a CUDA graph\n")
     parts = [head,
-             "## Decode sizes: µs per call (host = N calls then one sync; graph = CUDA-graph replay)\n",
+             "## Decode sizes: µs per call (host = N calls then one sync; graph = CUDA-graph replay, "
+             "median over fresh buffer placements, min and max in the JSON)\n",
              decode_table(results["cases"]),
              "\n## Host overhead on CPU tensors\n", cpu16_table(results["cpu16_overhead_us"]),
              "\n## Device time (CUDA events, median; % of the copy ceiling from each op's byte formula; "
