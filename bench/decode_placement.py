@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
 
 import torch
@@ -28,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import opspecs  # noqa: E402
 import timing  # noqa: E402
 from opspecs import SPEC  # noqa: E402
-from roofline import add_output_args, collect_meta, fmt, safe, start, write as write_results  # noqa: E402
+from roofline import add_output_args, collect_meta, fmt, safe, spread_of, start, write as write_results  # noqa: E402
 
 #: (op, rows, hidden): the roofline's decode sizes where single-number comparisons were closest.
 CASES = (("rmsnorm", 1, 4096), ("fused_add_rmsnorm", 1, 4096), ("rmsnorm", 256, 4096),
@@ -36,9 +35,7 @@ CASES = (("rmsnorm", 1, 4096), ("fused_add_rmsnorm", 1, 4096), ("rmsnorm", 256, 
 
 
 def time_us(fn, cuda: bool) -> "float | str":
-    if cuda:
-        return safe(timing.graph_replay_us, fn, ())
-    return safe(timing.cpu_call_overhead_us, fn, n=20, repeats=3)
+    return safe(timing.replay_or_host_us, fn, cuda)
 
 
 def run_case(op: str, rows: int, hidden: int, trials: int, cuda: bool, liger: dict, rng: random.Random) -> dict:
@@ -68,11 +65,7 @@ def run_case(op: str, rows: int, hidden: int, trials: int, cuda: bool, liger: di
 
 
 def summary(row: dict) -> dict:
-    out = {}
-    for impl, values in row["us"].items():
-        ok = [v for v in values if isinstance(v, float)]
-        if ok:
-            out[impl] = {"min": min(ok), "median": statistics.median(ok), "max": max(ok), "n": len(ok)}
+    out = {impl: s for impl, values in row["us"].items() if (s := spread_of(values))}
     pairs = [(a, b) for a, b in zip(row["us"]["opforge"], row["us"]["liger"]) if isinstance(a, float) and isinstance(b, float)]
     if pairs:
         out["opforge_faster"] = sum(a < b for a, b in pairs) / len(pairs)

@@ -240,25 +240,26 @@ def decode_metrics(spec, args, fns, ctx):
 
     bound = bind(args)
     host = {k: safe(timing.host_loop_us, f, (), ctx.cuda, target_s=ctx.host_loop_s) for k, f in bound.items()}
-    if not ctx.cuda and not ctx.dry:
-        return {"host_loop_us": host, "graph_us": {}}
-    # Without CUDA (dry run) a host loop stands in for the replay so the placement path runs.
-    replay = (lambda f: timing.graph_replay_us(f, ())) if ctx.cuda else \
-        (lambda f: timing.host_loop_us(f, (), False, target_s=ctx.host_loop_s))
     rng = random.Random(0)
     samples = {k: [] for k in bound}
     for _ in range(ctx.placements):
         spacer, placed = opspecs.placed_copy(args, rng)
         for k, f in bind(placed).items():
-            samples[k].append(safe(replay, f))
+            samples[k].append(safe(timing.replay_or_host_us, f, ctx.cuda, ctx.host_loop_s))
         del spacer, placed
     graph, spread = {}, {}
     for k, values in samples.items():
-        ok = [v for v in values if isinstance(v, float)]
-        graph[k] = statistics.median(ok) if ok else next(v for v in values)  # all failed: the first error
-        if ok:
-            spread[k] = [min(ok), max(ok)]
+        s = spread_of(values)
+        graph[k] = s["median"] if s else values[0]  # all failed: the first error
+        if s:
+            spread[k] = [s["min"], s["max"]]
     return {"host_loop_us": host, "graph_us": graph, "graph_spread_us": spread, "graph_placements": ctx.placements}
+
+
+def spread_of(values) -> "dict | None":
+    """min, median, max and count of the numbers among ``values`` (errors are strings); None if none."""
+    ok = [v for v in values if isinstance(v, float)]
+    return {"min": min(ok), "median": statistics.median(ok), "max": max(ok), "n": len(ok)} if ok else None
 
 
 def run_case(op, rows, hidden, dt, ctx):

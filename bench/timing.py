@@ -58,6 +58,12 @@ def graph_replay_us(fn, args, replays=GRAPH_REPLAYS, repeats=5) -> float:
     return 1e3 * opforge_timing.graph_ms_per_call(fn, args, calls=GRAPH_CALLS, replays=replays, repeats=repeats)
 
 
+def replay_or_host_us(fn, cuda: bool, target_s=0.001) -> float:
+    """``graph_replay_us`` of ``fn()``; without CUDA (dry runs) a host loop stands in, so the
+    code path runs (its numbers mean nothing)."""
+    return graph_replay_us(fn, ()) if cuda else host_loop_us(fn, (), False, target_s=target_s)
+
+
 def copy_calibration(cuda: bool) -> dict:
     """``calibrate_copy`` of cuda:0 (or of the CPU): ``gbps`` (read + write), ``bytes``, ``median_ms``."""
     return opforge_timing.calibrate_copy(_cuda0() if cuda else torch.device("cpu"))

@@ -27,8 +27,8 @@ void bind_runtime(nb::module_& m) {
   });
   m.def(
       "norm_launch_shape",
-      [](int64_t rows, int64_t hidden, int vec, bool add, int sms, int vpt) {
-        const RowLaunch l = choose_norm_launch(rows, hidden / vec, add, sms, vpt);
+      [](int64_t rows, int64_t hidden, int vec, int sms, int vpt) {
+        const RowLaunch l = choose_norm_launch(rows, hidden / vec, sms, vpt);
         nb::dict d;
         d["vecs_per_thread"] = l.vecs_per_thread;
         d["group"] = l.group;
@@ -36,8 +36,8 @@ void bind_runtime(nb::module_& m) {
         d["blocks"] = l.blocks;
         return d;
       },
-      nb::arg("rows"), nb::arg("hidden"), nb::arg("vec"), nb::arg("add"), nb::arg("sms"), nb::arg("vpt") = -1,
-      "The launch the CUDA norm kernel picks for a shape (vec: elements per access, add: fused residual).");
+      nb::arg("rows"), nb::arg("hidden"), nb::arg("vec"), nb::arg("sms"), nb::arg("vpt") = -1,
+      "The launch the CUDA norm kernels (RMSNorm and the fused add alike) pick for a shape (vec: elements per access).");
 }
 
 }  // namespace opforge

@@ -22,8 +22,8 @@ __device__ __forceinline__ float rcp_approx(float x) {
 __device__ __forceinline__ float times_sigmoid_approx(float x, float z) { return x * rcp_approx(1.f + __expf(-z)); }
 
 struct Silu {
-  // x * (1 / (1 + e^-x)) with a correctly rounded reciprocal: within an ulp of torch's division
-  // and much cheaper than an IEEE divide.
+  // fp32: x * (1 / (1 + e^-x)) with a correctly rounded reciprocal, within an ulp of torch's
+  // division and much cheaper than an IEEE divide.
   template <bool kLow>
   __device__ __forceinline__ float apply(float x) const {
     if constexpr (kLow) return times_sigmoid_approx(x, x);

@@ -42,9 +42,8 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
   return RowLaunch{0, threads, threads, rows};
 }
 
-// Picks the launch for `rows` rows of `nv` vectors on a GPU with `sms` multiprocessors; `add`
-// says the residual is read and written too. Measured on H200 (bench/results/, the norm launch
-// sweeps):
+// Picks the launch for `rows` rows of `nv` vectors on a GPU with `sms` multiprocessors, for RMSNorm
+// and the fused add alike. Measured on H200 (bench/results/, the norm launch sweeps):
 // - batches that fill the GPU run best with 4 vectors per thread, RMSNorm and the fused add
 //   alike (at hidden 4096 and 8192, 8 was 3-7% slower for RMSNorm and 6-13% for the fused add),
 //   unless that needs a group wider than 256 threads, where the wider reduction costs more than
@@ -54,7 +53,7 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
 // Rows too long for registers use the streaming kernel, which re-reads the row from L2 and needs
 // no shared memory at any size. `force_vpt` >= 0 overrides the choice (0 = streaming; for
 // tuning); an infeasible override returns vecs_per_thread = -1.
-inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, bool add, int sms, int force_vpt = -1) {
+inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force_vpt = -1) {
   RowLaunch l{-1, 0, 0, 0};
   if (force_vpt == 0) return norm_streaming_launch(rows, nv);
   if (force_vpt > 0) {

@@ -50,8 +50,8 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
     wr[i] = load_vec_reused<T, VEC>(w + cc);
   }
 
-  // s = x (+ r) in fp32, recomputed from the raw registers when writing (same bits), which
-  // keeps the fp32 copy out of the register budget.
+  // s = x (+ r) in fp32. Recomputed from the raw registers when writing (same bits), which keeps
+  // the fp32 copy out of the register budget, except at decode shapes with a residual (below).
   auto sum_at = [&](int i, float (&s)[VEC]) {
     to_floats(xr[i], s);
     if constexpr (ADD) {
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 
 template <typename T, int VEC, bool ADD>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
-  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, ADD, sm_count(device), p.force_vpt);
+  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, sm_count(device), p.force_vpt);
   // Register path: a row along x (group threads), l.threads / group rows along y.
   const dim3 grid(static_cast<unsigned>(l.blocks));
   const dim3 block(static_cast<unsigned>(l.group), static_cast<unsigned>(l.group > 0 ? l.threads / l.group : 1));

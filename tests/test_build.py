@@ -80,7 +80,7 @@ HIDDEN_BY_VEC = {
     4: (4, 8, 128, 1000, 4096, 5120, 8192, 16384, 32768, 65536),
     1: (1, 2, 3, 7, 33, 127, 1000, 2048, 2049, 4097, 8192, 65536),
 }
-CASES = [(vec, h, add) for vec, hs in HIDDEN_BY_VEC.items() for h in hs for add in (False, True)]
+CASES = [(vec, h) for vec, hs in HIDDEN_BY_VEC.items() for h in hs]
 KERNEL_VPTS = (1, 2, 4, 8)  # the register kernel's instantiations (cuda/norm.cu)
 
 
@@ -94,8 +94,8 @@ def fits_in_registers(hidden: int, vec: int) -> bool:
     return any(-(-nv // v) <= max_threads(v) for v in KERNEL_VPTS)
 
 
-def launch(rows, hidden, vec, add=False, sms=132, vpt=-1):
-    shape = _C.norm_launch_shape(rows, hidden, vec, add, sms, vpt)
+def launch(rows, hidden, vec, sms=132, vpt=-1):
+    shape = _C.norm_launch_shape(rows, hidden, vec, sms, vpt)
     assert set(shape) == {"vecs_per_thread", "group", "threads", "blocks"}
     return shape
 
@@ -124,12 +124,12 @@ def check_streaming_launch(s, rows, hidden, vec, where):
     assert threads <= max(32, -(-(hidden // vec) // 32) * 32), "idle warps in a streaming block: " + where
 
 
-@pytest.mark.parametrize("vec, hidden, add", CASES, ids=[f"vec{v}-h{h}-{'add' if a else 'norm'}" for v, h, a in CASES])
-def test_launch_shape_invariants(vec, hidden, add):
+@pytest.mark.parametrize("vec, hidden", CASES, ids=[f"vec{v}-h{h}" for v, h in CASES])
+def test_launch_shape_invariants(vec, hidden):
     for sms in SMS:
         for rows in ROWS:
-            s = launch(rows, hidden, vec, add, sms)
-            where = f"rows={rows} hidden={hidden} vec={vec} add={add} sms={sms}: {s}"
+            s = launch(rows, hidden, vec, sms)
+            where = f"rows={rows} hidden={hidden} vec={vec} sms={sms}: {s}"
             if s["vecs_per_thread"] == 0:
                 assert not fits_in_registers(hidden, vec), "streaming chosen though registers suffice: " + where
                 check_streaming_launch(s, rows, hidden, vec, where)
@@ -144,17 +144,15 @@ def test_launch_shape_invariants(vec, hidden, add):
      (65536, 1, True), (2048, 1, False), (2049, 1, True)],
 )
 def test_streaming_only_when_registers_do_not_suffice(hidden, vec, streaming):
-    for add in (False, True):
-        for rows in (1, 64, 1 << 16):
-            assert (launch(rows, hidden, vec, add)["vecs_per_thread"] == 0) == streaming
+    for rows in (1, 64, 1 << 16):
+        assert (launch(rows, hidden, vec)["vecs_per_thread"] == 0) == streaming
 
 
-@pytest.mark.parametrize("add", [False, True], ids=["norm", "add"])
 @pytest.mark.parametrize("vec, hidden", [(8, 1024), (8, 4096), (8, 8192), (8, 16384), (4, 4096), (1, 1024)])
-def test_small_batches_use_fewer_vectors_per_thread(vec, hidden, add):
+def test_small_batches_use_fewer_vectors_per_thread(vec, hidden):
     """Few rows never hold more vectors per thread than many rows (which need the most in flight)."""
     for sms in SMS[1:]:
-        few, many = (launch(rows, hidden, vec, add, sms)["vecs_per_thread"] for rows in (1, 1 << 20))
+        few, many = (launch(rows, hidden, vec, sms)["vecs_per_thread"] for rows in (1, 1 << 20))
         assert 0 < few <= many, f"sms={sms}: {few} vectors per thread for 1 row, {many} for 2^20 rows"
 
 
@@ -209,15 +207,15 @@ def test_extension_is_imported_through_ext_only():
     assert issubclass(opforge.BackendError, ValueError)
 
 
-@pytest.mark.parametrize("add", [False, True])
 @pytest.mark.parametrize("hidden, vpt", [(2048, 1), (4096, 2), (8192, 4), (16384, 8)])
-def test_decode_batches_use_groups_of_at_most_256_threads(hidden, vpt, add):
+def test_decode_batches_use_groups_of_at_most_256_threads(hidden, vpt):
+    # RMSNorm and the fused add share the choice (choose_norm_launch takes no residual flag).
     # bf16 rows of `hidden` (8 elements per vector) at decode batch sizes: the measured optimum
     # is the fewest vectors per thread that keeps a row's group within 256 threads.
     for rows in (1, 8, 64):
-        s = launch(rows, hidden, 8, add, 132)
+        s = launch(rows, hidden, 8, 132)
         assert s["vecs_per_thread"] == vpt and s["group"] <= 256, s
     # A batch that fills the GPU holds 4 vectors per thread, or 8 where 4 would need a group
     # wider than 256 threads.
-    big = launch(65536, hidden, 8, add, 132)
+    big = launch(65536, hidden, 8, 132)
     assert big["vecs_per_thread"] == (8 if hidden >= 16384 else 4), big

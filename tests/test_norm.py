@@ -464,7 +464,7 @@ def test_every_kernel_variant(rng, name, dtype, vpt, hidden, layout):
     residual_out = laid_out(poisoned_like(x0), layout) if add else None
     wide = 16 // dtype.itemsize
     vec = wide if layout != "offset" and hidden % wide == 0 else 1
-    feasible = _C.norm_launch_shape(rows, hidden, vec, add, 132, vpt)["vecs_per_thread"] == vpt
+    feasible = _C.norm_launch_shape(rows, hidden, vec, 132, vpt)["vecs_per_thread"] == vpt
 
     def run():
         _C.norm(out, x, residual, residual_out, w, 1e-6, gemma, torch.cuda.current_stream().cuda_stream, True,
