@@ -276,6 +276,19 @@ def _torch_import_cpu_s() -> float:
     return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
+def _links(pid: int) -> dict:
+    """fd -> what it points at, for the open descriptors of ``pid``. One closed between listing
+    the folder and reading its link (the fork server closes a stopped worker's connection on its
+    own time) is not open: it is left out."""
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+    return found
+
+
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("fork", STARTS)
 def test_a_worker_start_costs_no_torch_import_in_the_processes_that_only_watch(tmp_path, monkeypatch, fork):
@@ -317,7 +330,7 @@ def test_a_worker_start_costs_no_torch_import_in_the_processes_that_only_watch(t
     # The fork server imported torch and ran nothing of it: no OpenMP threads, and no CUDA
     # (a CUDA build maps the driver's library; initialising it opens the GPU's device files).
     assert "libtorch" in Path(f"/proc/{server}/maps").read_text()
-    opened = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
+    opened = list(_links(server).values())
     assert not [path for path in opened if path.startswith("/dev/nvidia")], opened
     if (os.cpu_count() or 1) > 1:  # an intra-op pool has a thread per core beside this one
         assert os.listdir(f"/proc/{server}/task") == [str(server)]

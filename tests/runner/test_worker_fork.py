@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_runner_trust import _dataset, _running, _statuses, _wait_gone  # noqa: E402
+from test_runner_trust import _dataset, _links, _running, _statuses, _wait_gone  # noqa: E402
 from adversaries import START_DAEMON  # noqa: E402
 from runner_datasets import config  # noqa: E402
 
@@ -98,16 +98,6 @@ def probe(tmp_path):
         return json.loads(new.read_text())
 
     return run
-
-
-def _links(pid: int) -> dict:
-    found = {}
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            found[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            pass
-    return found
 
 
 def test_a_forked_worker_is_set_up_as_a_started_one(tmp_path, monkeypatch, probe):
