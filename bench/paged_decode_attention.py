@@ -211,8 +211,9 @@ def implementations(case: Case) -> tuple[dict, dict]:
     return fns, missing
 
 
-def forced_split_fn(case: Case, splits: int):
-    """opforge's kernel with a forced split count (the binding directly, workspace preallocated)."""
+def forced_split_fn(case: Case, splits: int, token_warps: int = 1):
+    """opforge's kernel with a forced split count and token warps per CTA (the binding directly,
+    workspace preallocated)."""
     from opforge import _C
     from opforge._ext import cuda_stream
 
@@ -220,12 +221,12 @@ def forced_split_fn(case: Case, splits: int):
     s0 = case.sets[0]
     stream = cuda_stream(case.indptr.get_device()) if case.indptr.is_cuda else 0
     need = _C.paged_decode_attention(s0["out"], s0["lse"], s0["q"], s0["k"], s0["v"], case.indptr, case.indices, last,
-                                     None, case.sm_scale, stream, True, splits)
+                                     None, case.sm_scale, stream, True, splits, token_warps)
     workspace = torch.empty(max(need, 1), dtype=torch.float32, device=case.indptr.device) if need else None
 
     def fn(s):
         _C.paged_decode_attention(s["out"], s["lse"], s["q"], s["k"], s["v"], case.indptr, case.indices, last,
-                                  workspace, case.sm_scale, stream, True, splits)
+                                  workspace, case.sm_scale, stream, True, splits, token_warps)
         return s["out"], s["lse"]
 
     return fn
@@ -242,7 +243,7 @@ class Ctx:
         self.target_s = 0.02 if args.dry_run else 0.1
         self.l2 = timing.l2_bytes() if cuda else 60 << 20
         self.copy_gbps = None
-        self.splits = [int(x) for x in args.splits.split(",")] if args.splits else []
+        self.splits = [parse_plan_name(x) for x in args.splits.split(",")] if args.splits else []
         self.sdpa_max_gib = args.sdpa_max_gib
 
 
@@ -309,10 +310,10 @@ def run_case(label: str, lengths: list[int], args, ctx) -> dict:
                 s.pop("gathered", None)
     if ctx.splits:
         row["forced_splits"] = {}
-        for splits in ctx.splits:
-            r = measure(case, forced_split_fn(case, splits), want, nbytes, ctx) if splits <= 128 else None
-            if r is not None:
-                row["forced_splits"][str(splits)] = r
+        for splits, token_warps in ctx.splits:
+            if splits <= 128:
+                fn = forced_split_fn(case, splits, token_warps)
+                row["forced_splits"][plan_name(splits, token_warps)] = measure(case, fn, want, nbytes, ctx)
     del case, want
     if ctx.cuda:
         torch.cuda.empty_cache()
@@ -343,7 +344,7 @@ def progress(row: dict) -> str:
         us, pct, verdict = cell(r)
         parts.append(f"{impl} {us} µs {pct} {verdict}" if r["status"] == "ok"
                      else f"{impl} {r['status']} ({r.get('error', '')[:100]})")
-    return f"splits {row['plan']['splits']}; " + "; ".join(parts)
+    return f"plan {plan_name(row['plan']['splits'], row['plan'].get('token_warps', 1))}; " + "; ".join(parts)
 
 
 def speedup(r: dict, peer: str) -> str:
@@ -352,11 +353,11 @@ def speedup(r: dict, peer: str) -> str:
 
 
 def table(rows: list) -> str:
-    head = ["batch × context", "MB", "splits"] + [f"{i} {w}" for i in IMPLS for w in ("µs", "% copy", "check")] + \
+    head = ["batch × context", "MB", "plan"] + [f"{i} {w}" for i in IMPLS for w in ("µs", "% copy", "check")] + \
         ["triton/opforge", "sdpa/opforge", "flashinfer/opforge"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [case_name(r), fmt(r["bytes"] / 1e6, 1), str(r["plan"]["splits"])]
+        cells = [case_name(r), fmt(r["bytes"] / 1e6, 1), plan_name(r["plan"]["splits"], r["plan"].get("token_warps", 1))]
         for impl in IMPLS:
             cells += list(cell(r["impls"][impl]))
         cells += [speedup(r, "triton"), speedup(r, "sdpa"), speedup(r, "flashinfer")]
@@ -364,17 +365,28 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
+def plan_name(splits: int, token_warps: int = 1) -> str:
+    """A plan's cut as the tables name it: splits, and "wT" for T token warps per CTA."""
+    return f"{splits}" if token_warps == 1 else f"{splits}w{token_warps}"
+
+
+def parse_plan_name(name: str) -> tuple[int, int]:
+    splits, _, warps = name.partition("w")
+    return int(splits), int(warps or 1)
+
+
 def splits_table(rows: list) -> str:
-    forced = sorted({int(s) for r in rows for s in r.get("forced_splits", {})})
+    forced = sorted({s for r in rows for s in r.get("forced_splits", {})}, key=parse_plan_name)
     if not forced:
         return ""
-    out = ["| batch × context | plan | " + " | ".join(f"{s} splits µs" for s in forced) + " | best |",
+    out = ["Columns: forced splits, \"wT\": T warps of a CTA sharing its slice.\n",
+           "| batch × context | plan | " + " | ".join(f"{s} µs" for s in forced) + " | best |",
            "|" + "---|" * (len(forced) + 3)]
     for r in rows:
-        times = {int(s): v["us"] for s, v in r.get("forced_splits", {}).items() if v["status"] == "ok"}
+        times = {s: v["us"] for s, v in r.get("forced_splits", {}).items() if v["status"] == "ok"}
         best = min(times, key=times.get) if times else None
-        out.append(f"| {case_name(r)} | {r['plan']['splits']} | " +
-                   " | ".join(fmt(times.get(s)) for s in forced) + f" | {best} |")
+        plan = plan_name(r["plan"]["splits"], r["plan"].get("token_warps", 1))
+        out.append(f"| {case_name(r)} | {plan} | " + " | ".join(fmt(times.get(s)) for s in forced) + f" | {best} |")
     return "\n".join(out)
 
 
@@ -426,7 +438,8 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
-    p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's")
+    p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's; SwT: S "
+                                    "splits with T warps of a CTA sharing each slice (2w4)")
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA where its gathered KV exceeds this")
     p.add_argument("--cases", help="comma-separated cases to run, BATCHxCONTEXT or BATCHxMIX (32x2048, 8xuniform); "
                                    "default: all")

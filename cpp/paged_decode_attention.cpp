@@ -220,12 +220,15 @@ void check_layout_values(const Arg& indptr, const Arg& indices, const Arg* last_
 }
 
 PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens,
-                                      int sms, int splits) {
-  if (splits < 0) return cuda::choose_paged_decode_plan(batch, hq, hkv, head_dim, tokens, sms);
-  const PagedDecodePlan plan = cuda::paged_decode_plan(batch, hq, hkv, splits);
+                                      int sms, int splits, int token_warps) {
+  if (splits == -1 && token_warps == -1) return cuda::choose_paged_decode_plan(batch, hq, hkv, head_dim, tokens, sms);
+  const PagedDecodePlan plan =
+      splits == -1 ? PagedDecodePlan{} : cuda::paged_decode_plan(batch, hq, hkv, head_dim, splits, token_warps == -1 ? 1 : token_warps);
   if (plan.head_chunks == 0) {
-    throw_value_error(kPrefix + "splits=" + str(splits) + " is not valid; accepted: 1.." +
-                      str(cuda::kPagedDecodeMaxSplits) + " (or -1: the plan's choice)");
+    throw_value_error(kPrefix + "splits=" + str(splits) + ", token_warps=" + str(token_warps) +
+                      " is not valid; accepted: splits 1.." + str(cuda::kPagedDecodeMaxSplits) +
+                      " with token_warps 1, 2 or " + str(cuda::kPagedDecodeMaxTokenWarps) +
+                      " (2 and up at head_dim <= 128; -1: 1), or both -1: the plan's choice");
   }
   return plan;
 }
@@ -235,7 +238,8 @@ PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, in
 // fp32 elements of workspace to call again with (nothing is written then).
 int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handle q_obj, nb::handle k_obj,
                                nb::handle v_obj, nb::handle indptr_obj, nb::handle indices_obj, nb::handle last_obj,
-                               nb::handle workspace_obj, double sm_scale, uintptr_t stream, bool launch, int splits) {
+                               nb::handle workspace_obj, double sm_scale, uintptr_t stream, bool launch, int splits,
+                               int token_warps) {
   const Arg q = arg(q_obj, "q", Kind::kQuery, {}, 3);
   const nb::dlpack::dtype attn = q.t.dtype();
   check_device_supported(kCtx, q.device_view());
@@ -353,7 +357,7 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
     check_rows_aligned(out, {0, 1});
     const int device = q.t.device_id();
     const PagedDecodePlan plan =
-        forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, cuda::sm_count(device), splits);
+        forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, cuda::sm_count(device), splits, token_warps);
     if (plan.ctas > INT32_MAX) {
       throw_value_error(kPrefix + "batch x num_kv_heads x splits = " + str(plan.ctas) + " tasks exceed the grid");
     }
@@ -378,18 +382,20 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
   return 0;
 }
 
-nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens, int sms, int splits) {
+nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens, int sms, int splits,
+                   int token_warps) {
   if (batch < 0 || hkv < 1 || hq % hkv != 0 || tokens < 0 || sms < 1 ||
       !cuda::paged_decode_head_dim_supported(head_dim)) {
     throw_value_error(kPrefix + "plan needs batch >= 0, num_qo_heads a multiple of num_kv_heads >= 1, head_dim "
                       "64, 128 or 256, tokens >= 0 and sms >= 1");
   }
-  const PagedDecodePlan plan = forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, sms, splits);
+  const PagedDecodePlan plan = forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, sms, splits, token_warps);
   nb::dict d;
   d["head_chunks"] = plan.head_chunks;
   d["splits"] = plan.splits;
+  d["token_warps"] = plan.token_warps;
   d["ctas"] = plan.ctas;
-  d["warps_per_cta"] = cuda::paged_decode_warps(head_dim);
+  d["warps_per_cta"] = cuda::paged_decode_warps(head_dim) * plan.token_warps;
   d["workspace"] = cuda::paged_decode_workspace_elems(plan, batch, hq, head_dim);
   return d;
 }
@@ -400,12 +406,13 @@ void bind_paged_decode_attention(nb::module_& m) {
   m.def("paged_decode_attention", &paged_decode_attention, nb::arg("out"), nb::arg("lse"), nb::arg("q"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("kv_indptr"), nb::arg("kv_indices"),
         nb::arg("kv_last_page_len").none(), nb::arg("workspace").none(), nb::arg("sm_scale"), nb::arg("stream"),
-        nb::arg("launch"), nb::arg("splits") = -1,
+        nb::arg("launch"), nb::arg("splits") = -1, nb::arg("token_warps") = -1,
         "GQA decode over a paged KV cache into out and lse; see opforge.ops.paged_decode_attention. Returns 0, or the\n"
         "float32 workspace elements a CUDA plan with splits needs (call again with it; nothing was written).\n"
-        "splits forces the CUDA plan's split count (for tuning and tests); -1: the heuristic.");
+        "splits (with token_warps, the warps of a CTA that share its slice) force the CUDA plan (for tuning and\n"
+        "tests); -1: the heuristic.");
   m.def("paged_decode_attention_plan", &plan_dict, nb::arg("batch"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),
-        nb::arg("head_dim"), nb::arg("tokens"), nb::arg("sms"), nb::arg("splits") = -1,
+        nb::arg("head_dim"), nb::arg("tokens"), nb::arg("sms"), nb::arg("splits") = -1, nb::arg("token_warps") = -1,
         "The CUDA launch plan of paged_decode_attention (tokens: num_indices * page_size).");
 }
 

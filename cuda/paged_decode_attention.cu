@@ -16,8 +16,8 @@
 // rescaling instructions per step (a lone warp's step was measured bound by its own instruction
 // chain, not by waiting for memory).
 //
-// Per task (request, KV head, head chunk, split) one warp per 128 head dims streams the task's
-// tokens in steps of 16 through a ring of kStages steps in shared memory:
+// Per task (request, KV head, head chunk, split) one warp per 128 head dims (or per run of the
+// task's tokens) streams its tokens in steps of 16 through a ring of kStages steps in shared memory:
 // * Copies: each step's 16 K rows and 16 V rows are copied by cp.async, whole rows per
 //   instruction (16 lanes x 16 bytes cover a 256-byte row), one commit group per step, kStages - 1
 //   steps in flight while the warp computes one. A register-only design (16-byte loads straight
@@ -40,8 +40,11 @@
 //   shared memory (rows padded by 16 bytes instead split each line in two: 1.5x the L2 sector
 //   reads, and the L2, not DRAM, was the busiest unit).
 //
-// The plan picks enough splits to fill the GPU, and a second kernel merges split partials
-// (normalised outputs and their lse) in a fixed order, so results do not depend on scheduling.
+// The plan cuts each request's tokens into enough parts to fill the GPU: up to 4 warps of one
+// CTA share a task's slice (equal runs of whole steps, each warp with its own ring; the first
+// warp combines their states through shared memory at the end), and beyond that the slices are
+// split across CTAs, whose normalised partial outputs and lse a second kernel merges. Both
+// combine in a fixed order, so results do not depend on scheduling.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -191,21 +194,25 @@ __device__ __forceinline__ void copy_wait() {
 // (kHeadTiles tiles of 8: 1 when a KV head has at most 8 query heads, else 2). Head dims above 128 are shared out over warps, 128
 // each (the accumulators of 256 dims would not fit one warp's registers), each with its own ring;
 // each warp computes its part of S, and the parts are added through shared memory in warp order,
-// so every warp holds the same S. See the file comment for the layouts.
-template <typename T, int D, int kStages, int kHeadTiles>
-__global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWarpsOf<D>)
+// so every warp holds the same S. kTokenWarps > 1 (head dims up to 128): that many warps take
+// equal runs of whole steps of the split, each with its own ring, and warp 0 combines their
+// states in warp order at the end. See the file comment for the layouts.
+template <typename T, int D, int kStages, int kHeadTiles, int kTokenWarps>
+__global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / (kTokenWarps * kWarpsOf<D>))
     paged_decode_ring_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = RingLayout<T, D>;
   constexpr int kWarps = kWarpsOf<D>;
+  static_assert(kTokenWarps == 1 || kWarps == 1, "token warps never wait on each other: no shared S parts");
   constexpr int kDims = L::kDims;
   constexpr int kKSteps = kDims / 16;    // k-steps of S^T = K Q^T
   constexpr int kDimTiles = kDims / 16;  // 16-dim tiles of O^T
   constexpr int kStageBytes = L::kStageBytes;
   static_assert(kHeadTiles == 1 || kHeadTiles * 8 == kPagedDecodeRows, "two tiles hold a whole chunk of heads");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int dim_warp = warp % kWarps, token_warp = warp / kWarps;
   const int g = lane >> 2, c = lane & 3;
-  const int dim0 = warp * kDims;
+  const int dim0 = dim_warp * kDims;
 
   uint32_t task = blockIdx.x;
   const int split = static_cast<int>(task % splits);
@@ -231,11 +238,16 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     bad = tail < 1 || tail > p.page_size;
     if (!bad) n = static_cast<int>((last - first - 1) * p.page_size + tail);
   }
-  // This split's tokens: equal slices of whole steps.
+  // This split's tokens: equal slices of whole steps; this warp's, equal runs of whole steps of
+  // the slice.
   const int64_t slice = (int64_t(n) + splits - 1) / splits;
   const int64_t per_split = (slice + kPagedDecodeStep - 1) / kPagedDecodeStep * kPagedDecodeStep;
-  const int begin = static_cast<int>(min64(n, split * per_split));
-  const int end = static_cast<int>(min64(n, begin + per_split));
+  const int split_begin = static_cast<int>(min64(n, split * per_split));
+  const int split_end = static_cast<int>(min64(n, split_begin + per_split));
+  const int run = (split_end - split_begin + kTokenWarps * kPagedDecodeStep - 1) / (kTokenWarps * kPagedDecodeStep) *
+                  kPagedDecodeStep;
+  const int begin = min(split_end, split_begin + token_warp * run);
+  const int end = min(split_end, begin + run);
   const int steps = (end - begin + kPagedDecodeStep - 1) / kPagedDecodeStep;
 
   const int page_size = static_cast<int>(p.page_size);
@@ -385,7 +397,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     if constexpr (kWarps > 1) {
 #pragma unroll
       for (int nt = 0; nt < kHeadTiles; ++nt) {
-        s_parts[parity][warp][nt][lane] = make_float4(sc[nt][0], sc[nt][1], sc[nt][2], sc[nt][3]);
+        s_parts[parity][dim_warp][nt][lane] = make_float4(sc[nt][0], sc[nt][1], sc[nt][2], sc[nt][3]);
       }
       __syncthreads();
 #pragma unroll
@@ -446,6 +458,66 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
     }
   }
 
+  if constexpr (kTokenWarps > 1) {
+    // Each warp parks its state (o, m, l per head, its bad-page flag) in its own ring, drained by
+    // now, as [value][lane]; warp 0 folds the others into its own in warp order (fixed: results
+    // do not depend on scheduling) and writes the task's output alone.
+    copy_wait<0>();
+    constexpr int kValues = kDimTiles * kHeadTiles * 4 + kHeadTiles * 4 + 1;
+    static_assert(kValues * 32 * int(sizeof(float)) <= kStages * kStageBytes, "a warp's state fits its ring");
+    auto state_of = [&](int w) { return reinterpret_cast<float*>(ring_all + w * kStages * kStageBytes) + lane; };
+    {
+      float* mine = state_of(warp);
+      int v = 0;
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+#pragma unroll
+        for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[32 * v++] = o[i][nt][e];
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) mine[32 * v++] = m[nt][h], mine[32 * v++] = l[nt][h];
+      }
+      mine[32 * v] = bad_page ? 1.f : 0.f;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll 1
+    for (int w = 1; w < kTokenWarps; ++w) {
+      const float* theirs = state_of(w);
+      constexpr int kFirstHeadValue = kDimTiles * kHeadTiles * 4;
+      float keep[kHeadTiles][2], take[kHeadTiles][2];
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int v = kFirstHeadValue + 4 * nt + 2 * h;
+          const float m_w = theirs[32 * v], l_w = theirs[32 * (v + 1)];
+          const float m_new = fmaxf(m[nt][h], m_w);
+          const float base_m = m_new == kNegInf ? 0.f : m_new;  // both empty: weights 2^-inf = 0
+          keep[nt][h] = exp2f(m[nt][h] - base_m);
+          take[nt][h] = exp2f(m_w - base_m);
+          l[nt][h] = l[nt][h] * keep[nt][h] + l_w * take[nt][h];
+          m[nt][h] = m_new;
+        }
+      }
+      int v = 0;
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+#pragma unroll
+        for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e, ++v) o[i][nt][e] = o[i][nt][e] * keep[nt][e & 1] + theirs[32 * v] * take[nt][e & 1];
+        }
+      }
+      bad_page = bad_page || theirs[32 * (kFirstHeadValue + 4 * kHeadTiles)] != 0.f;
+    }
+  }
+
   // Sums over the 8 lanes of each head; a bad page id anywhere spoils the whole task.
 #pragma unroll
   for (int nt = 0; nt < kHeadTiles; ++nt) {
@@ -487,7 +559,7 @@ __global__ void __launch_bounds__(kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / kWa
           ws[16 * i + 8] = o[i][nt][2 + h] * inv;
         }
       }
-      if (g == 0 && warp == 0) {
+      if (g == 0 && dim_warp == 0) {
         if (splits == 1) {
           p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = lse;
         } else {
@@ -643,7 +715,8 @@ __global__ void __launch_bounds__(kMergeThreads)
 // 24 KB leave room for 9 on an H200's 228 KB, so 2048 CTAs made 1.7 waves instead of 2 and,
 // with the faster heads-as-N step, cost up to 8% (128 x 8192, 2 splits: 1096 us with 9
 // resident, 1028 with 8; bench/results/2026-11-26_h200_00c5d5f_paged_decode_heads_as_n/).
-// Opts the kernel in to that much (past 48 KB at head_dim 256). Minus a CUDA error on failure.
+// Opts the kernel in to that much (past 48 KB at head_dim 256 or with token warps). `warps`: the
+// kernel's warps per CTA. Minus a CUDA error on failure.
 template <typename Kernel>
 int ring_smem(Kernel kernel, int ring_bytes, int warps, int device) {
   int per_sm = 0, reserved = 0, per_block = 0;
@@ -664,21 +737,43 @@ int ring_smem(Kernel kernel, int ring_bytes, int warps, int device) {
   return e == cudaSuccess ? bytes : -static_cast<int>(e);
 }
 
+// The ring kernel of one instantiation, launched with its shared memory (worked out once per
+// device).
+template <typename T, int D, int kHeadTiles, int kTokenWarps>
+int launch_ring(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
+  if constexpr (kTokenWarps > 1 && kWarpsOf<D> > 1) {
+    return static_cast<int>(cudaErrorInvalidConfiguration);  // the plan never asks for it
+  } else {
+    constexpr int kWarps = kTokenWarps * kWarpsOf<D>;
+    const auto kernel = paged_decode_ring_kernel<T, D, kRingStages, kHeadTiles, kTokenWarps>;
+    static PerDevice smem_of;  // bytes, else minus the error
+    const int smem = smem_of.get(device, [&] {
+      return ring_smem(kernel, kWarps * kRingStages * RingLayout<T, D>::kStageBytes, kWarps, device);
+    });
+    if (smem < 0) return -smem;
+    kernel<<<static_cast<unsigned>(plan.ctas), kWarps * 32, smem, stream>>>(p, plan.head_chunks, plan.splits);
+    return last_launch_status();
+  }
+}
+
+template <typename T, int D, int kHeadTiles>
+int launch_ring_warps(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
+  switch (plan.token_warps) {
+    case 1: return launch_ring<T, D, kHeadTiles, 1>(p, plan, device, stream);
+    case 2: return launch_ring<T, D, kHeadTiles, 2>(p, plan, device, stream);
+    case kPagedDecodeMaxTokenWarps: return launch_ring<T, D, kHeadTiles, kPagedDecodeMaxTokenWarps>(p, plan, device, stream);
+    default: return static_cast<int>(cudaErrorInvalidConfiguration);
+  }
+}
+
 template <typename T, int D>
 int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   static_assert(kWarpsOf<D> == paged_decode_warps(D), "the plan counts the kernel's warps");
   // One tile of 8 heads when a KV head has at most 8 query heads (h32_kv8, h32_kv4: half the
   // tensor-core work of a 16-head tile), else two.
   const bool one_tile = p.num_qo_heads / p.num_kv_heads <= 8;
-  const auto ring_kernel =
-      one_tile ? paged_decode_ring_kernel<T, D, kRingStages, 1> : paged_decode_ring_kernel<T, D, kRingStages, 2>;
-  static PerDevice smem_one_tile, smem_two_tiles;  // bytes, else minus the error
-  const int smem = (one_tile ? smem_one_tile : smem_two_tiles).get(device, [&] {
-    return ring_smem(ring_kernel, kWarpsOf<D> * kRingStages * RingLayout<T, D>::kStageBytes, kWarpsOf<D>, device);
-  });
-  if (smem < 0) return -smem;
-  ring_kernel<<<static_cast<unsigned>(plan.ctas), kWarpsOf<D> * 32, smem, stream>>>(p, plan.head_chunks, plan.splits);
-  const int err = last_launch_status();
+  const int err = one_tile ? launch_ring_warps<T, D, 1>(p, plan, device, stream)
+                           : launch_ring_warps<T, D, 2>(p, plan, device, stream);
   if (err != 0 || plan.splits == 1) return err;
   const int64_t rows = p.batch * p.num_qo_heads;
   constexpr int kRowsPerBlock = kMergeThreads / (D / 4);

@@ -53,38 +53,51 @@ constexpr int kPagedDecodeStep = 16;
 // a 24 KB ring of K and V rows in shared memory at 128 dims, so 8 fit an sm_90 SM (fewer where
 // shared memory is smaller: the plan then makes more waves than it counts).
 constexpr int kPagedDecodeWarpsPerSm = 8;
-// A split keeps at least this many tokens of an average request (two steps).
-constexpr int64_t kPagedDecodeMinSplitTokens = 32;
-// With few tasks, the plan stops at about this many resident CTAs per SM: past it the merge
-// pass (it reads every split's partial row) and each CTA's start (three dependent loads before
-// its first K row) cost more than the parallelism gains...
+// A part of a request (a split, or one warp's run of it) keeps at least this many tokens of an
+// average request (eight steps): shorter parts spend more on each warp's start and on combining
+// than they gain in parallelism.
+constexpr int64_t kPagedDecodeMinPartTokens = 128;
+// With few tasks, the plan stops at about this many resident CTAs per SM's worth of parts...
 constexpr int kPagedDecodeFewTaskCtasPerSm = 4;
-// ...but always allows this many splits, so that one long request among short ones is still
+// ...but always allows this many parts, so that one long request among short ones is still
 // shared out (the lengths are not known on the host).
-constexpr int kPagedDecodeSkewSplits = 8;
+constexpr int kPagedDecodeSkewParts = 16;
 // The most splits of any plan (a caller may force up to this many).
 constexpr int kPagedDecodeMaxSplits = 128;
+
+// Most warps that share one task's slice inside a CTA (head_dim <= 128; one at 256, whose two
+// warps already share each step's dims).
+constexpr int kPagedDecodeMaxTokenWarps = 4;
 
 // How the work is cut: head_chunks = ceil(G / 16) tasks per KV head (more than 16 query heads
 // per KV head read the KV rows once per chunk), `splits` slices of every request's tokens
 // (equal slices of whole steps; a slice past a short request's end is empty), `ctas` tasks in
-// all (one CTA each). splits > 1 writes normalised partial outputs and their lse to the
+// all (one CTA each). Inside a CTA, `token_warps` warps take equal runs of whole steps of the
+// slice, each with its own ring, and the first combines their states in warp order: parallelism
+// without a second kernel. splits > 1 writes normalised partial outputs and their lse to the
 // workspace, which a second kernel merges.
 struct PagedDecodePlan {
   int head_chunks = 0;  // 0: no valid plan
   int splits = 0;
+  int token_warps = 0;
   int64_t ctas = 0;
 };
 
 inline int64_t paged_decode_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Completes a plan from its one choice; head_chunks = 0 when `splits` is out of range.
-inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads, int splits) {
+// Completes a plan from its choices; head_chunks = 0 when they are out of range.
+inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim,
+                                         int splits, int token_warps = 1) {
   PagedDecodePlan p;
   if (splits < 1 || splits > kPagedDecodeMaxSplits || num_kv_heads < 1 || num_qo_heads % num_kv_heads != 0) return p;
+  if (token_warps != 1 && (paged_decode_warps(head_dim) != 1 ||
+                           (token_warps != 2 && token_warps != kPagedDecodeMaxTokenWarps))) {
+    return p;
+  }
   const int64_t group = num_qo_heads / num_kv_heads;
   p.head_chunks = static_cast<int>(group == 0 ? 1 : paged_decode_cdiv(group, kPagedDecodeRows));
   p.splits = splits;
+  p.token_warps = token_warps;
   p.ctas = batch * num_kv_heads * p.head_chunks * splits;
   return p;
 }
@@ -92,31 +105,37 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // The plan for a call on a GPU with `sms` multiprocessors, from the shapes alone (the lengths
 // live on the GPU; reading them would cost a synchronisation): `tokens` is num_indices *
 // page_size, an upper bound of the tokens in the batch (kv_indices may be a larger buffer).
-// Without a split there are batch * num_kv_heads * head_chunks tasks; a wave of resident CTAs is
-// sms * kPagedDecodeWarpsPerSm / paged_decode_warps(head_dim). The splits are the fewest of:
-// 1. enough for the tasks to make two waves (the second evens out requests of unequal lengths);
-// 2. enough for kPagedDecodeFewTaskCtasPerSm CTAs per SM, or kPagedDecodeSkewSplits if more;
-// 3. kPagedDecodeMinSplitTokens tokens per split of an average request; kPagedDecodeMaxSplits.
-// Measured on an H100 (bench/results/2026-11-26_h100_fbf46c4_paged_decode_merge/): against the best
-// forced split count of each uniform batch this loses at most a few percent except at batch
-// 128 x 512 (3 splits where 1 is 13% faster), and it keeps 8 splits for a long request among
-// short ones (1.8x faster than 2 splits there).
-// Examples on 132 SMs (waves of 1056 CTAs), h32_kv8: batch 128 x 2048 tokens -> 3 splits;
-// batch 32 -> 8; batch 8 -> 9; batch 1 x 32768 -> 66; batch 1 x 512 -> 16 (32 tokens each).
+// There are batch * num_kv_heads * head_chunks tasks, and a wave of resident warps is
+// sms * kPagedDecodeWarpsPerSm. Each request's tokens are cut into `parts`, the fewest of:
+// 1. enough for the tasks' warps to make four waves (later waves even out unequal lengths);
+// 2. enough for kPagedDecodeFewTaskCtasPerSm tasks per SM, or kPagedDecodeSkewParts if more;
+// 3. kPagedDecodeMinPartTokens tokens per part of an average request; kPagedDecodeMaxSplits.
+// Up to four parts are warps of one CTA (head_dim <= 128), the rest splits across CTAs: warps
+// that share a CTA's slice need no second kernel, and one with an empty run costs little.
+// Measured on an H200 against every forced cut up to 4 splits x 4 warps
+// (bench/results/2026-11-27_h200_*_paged_decode_token_warps/): uniform batches of 32 lose up
+// to 9% against their best cut (1 split x 4 warps) for the sake of skewed ones (a 32768-token
+// request among 31 of 512 is 2.5x faster at 16 parts than at 4).
+// Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
+// batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
+// batch 1 x 32768 -> 66 (17 x 4); batch 128 x 64 -> 1 (1 x 1).
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
-  PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, 1);
+  PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
   const int64_t warps = paged_decode_warps(head_dim);
-  int64_t splits = paged_decode_cdiv(2 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps, one.ctas);
-  int64_t spread = paged_decode_cdiv(int64_t(sms) * kPagedDecodeFewTaskCtasPerSm / warps, one.ctas);
-  if (spread < kPagedDecodeSkewSplits) spread = kPagedDecodeSkewSplits;
-  const int64_t by_length = paged_decode_cdiv(tokens, batch) / kPagedDecodeMinSplitTokens;
+  int64_t parts = 4 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps / one.ctas;
+  int64_t spread = paged_decode_cdiv(int64_t(sms) * kPagedDecodeFewTaskCtasPerSm, one.ctas);
+  if (spread < kPagedDecodeSkewParts) spread = kPagedDecodeSkewParts;
+  const int64_t by_length = paged_decode_cdiv(tokens, batch) / kPagedDecodeMinPartTokens;
   for (const int64_t cap : {spread, by_length, int64_t(kPagedDecodeMaxSplits)}) {
-    if (splits > cap) splits = cap;
+    if (parts > cap) parts = cap;
   }
-  if (splits < 1) splits = 1;
-  return paged_decode_plan(batch, num_qo_heads, num_kv_heads, static_cast<int>(splits));
+  if (parts < 1) parts = 1;
+  int token_warps = 1;
+  while (warps == 1 && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;
+  return paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim,
+                           static_cast<int>(paged_decode_cdiv(parts, token_warps)), token_warps);
 }
 
 // fp32 elements of workspace a plan needs: a normalised output row and its lse per split and

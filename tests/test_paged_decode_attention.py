@@ -416,15 +416,20 @@ def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, **force):
     return _C.paged_decode_attention_plan(batch, hq, hkv, head_dim, tokens, sms, **force)
 
 
-@pytest.mark.parametrize("batch, tokens, splits", [(128, 128 * 2048, 3), (32, 32 * 2048, 8), (8, 8 * 2048, 9),
-                                                   (1, 32768, 66), (1, 8192, 66), (1, 2048, 64), (1, 512, 16),
-                                                   (128, 128 * 512, 3), (8, 8 * 128, 4), (8, 8 * 40, 1)], ids=str)
-def test_plan_of_the_decode_shapes(batch, tokens, splits):
-    """h32_kv8 on 132 SMs: splits until two waves of 1056 one-warp CTAs, but no more than for 528
-    CTAs (4 per SM) or 8 splits, whichever is more, each split keeping at least 32 tokens of an
-    average request (the examples in the header)."""
+@pytest.mark.parametrize("batch, tokens, parts, splits, token_warps",
+                         [(128, 128 * 2048, 4, 1, 4), (32, 32 * 2048, 16, 4, 4), (8, 8 * 2048, 16, 4, 4),
+                          (1, 32768, 66, 17, 4), (1, 8192, 64, 16, 4), (1, 2048, 16, 4, 4), (1, 512, 4, 1, 4),
+                          (32, 32 * 512, 4, 1, 4), (128, 128 * 512, 4, 1, 4), (256, 256 * 2048, 2, 1, 2),
+                          (8, 8 * 128, 1, 1, 1), (8, 8 * 40, 1, 1, 1), (128, 128 * 64, 1, 1, 1)], ids=str)
+def test_plan_of_the_decode_shapes(batch, tokens, parts, splits, token_warps):
+    """h32_kv8 on 132 SMs: each request cut into parts until four waves of 1056 warps, but no
+    more than for 528 tasks (4 per SM) or 16 parts, whichever is more, each part keeping at least
+    128 tokens of an average request; up to 4 of the parts are warps of one CTA, the rest splits
+    (the examples in the header)."""
     p = plan(batch, 32, 8, tokens)
-    assert (p["head_chunks"], p["splits"], p["warps_per_cta"]) == (1, splits, 1), p
+    assert (p["head_chunks"], p["splits"], p["token_warps"], p["warps_per_cta"]) == (1, splits, token_warps,
+                                                                                     token_warps), p
+    assert splits == -(-parts // token_warps)
     assert p["ctas"] == batch * 8 * splits
     assert p["workspace"] == (splits * batch * 32 * 129 if splits > 1 else 0)
 
@@ -432,10 +437,13 @@ def test_plan_of_the_decode_shapes(batch, tokens, splits):
 def test_plan_heads_and_dims():
     assert plan(4, 40, 2, 4096)["head_chunks"] == 2  # 20 query heads per KV head: two 16-row tiles
     assert plan(4, 64, 1, 4096)["head_chunks"] == 4
-    # Half as many two-warp CTAs per wave: half the splits.
+    # Two-warp CTAs at 256 dims: no token warps; 32 tasks are few, so both take the 17 parts
+    # that put 4 tasks' worth on each SM.
     wide, narrow = plan(32, 8, 1, 32 * 8192, head_dim=256), plan(32, 8, 1, 32 * 8192, head_dim=128)
-    assert (wide["warps_per_cta"], wide["splits"], narrow["splits"]) == (2, 9, 17)
-    assert plan(1, 8, 1, 1 << 20)["splits"] == 128  # one task: capped by the most splits
+    assert (wide["warps_per_cta"], wide["splits"], wide["token_warps"]) == (2, 17, 1)
+    assert (narrow["warps_per_cta"], narrow["splits"], narrow["token_warps"]) == (4, 5, 4)  # 17 parts
+    one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most parts
+    assert (one["splits"], one["token_warps"]) == (32, 4)
     assert plan(0, 32, 8, 0)["ctas"] == 0
 
 
@@ -445,6 +453,13 @@ def test_forced_plans():
     for bad in (0, 129):
         with pytest.raises(ValueError, match="splits"):
             plan(3, 32, 8, 300, splits=bad)
+    p = plan(3, 32, 8, 300, splits=2, token_warps=4)
+    assert (p["splits"], p["token_warps"], p["warps_per_cta"], p["ctas"]) == (2, 4, 4, 3 * 8 * 2)
+    assert plan(3, 32, 8, 300, splits=2)["token_warps"] == 1
+    for bad in (dict(splits=2, token_warps=3), dict(splits=2, token_warps=8), dict(splits=2, token_warps=0),
+                dict(token_warps=2), dict(splits=1, token_warps=2, head_dim=256)):
+        with pytest.raises(ValueError, match="token_warps"):
+            plan(3, 32, 8, 300, **bad)
     with pytest.raises(ValueError, match="plan needs"):
         plan(3, 30, 8, 300)
 
@@ -633,13 +648,16 @@ def test_call_binds_to_its_definition(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("splits", [2, 16, 17])
+@pytest.mark.parametrize("splits, token_warps", [(2, 1), (16, 1), (17, 1), (1, 4), (2, 2), (17, 4)], ids=str)
 @pytest.mark.parametrize("config", [(32, 8, 128, 16), (6, 1, 64, 3), (40, 2, 256, 5)],
                          ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
-def test_many_rows_merge(seed, splits, config):
+def test_many_rows_merge(seed, splits, token_warps, config):
     """Enough (request, head) rows for a merge block of them on every SM: up to 16 splits take
-    the one-pass merge (every split of a row loaded at once), 17 the per-row one; a bad page in
-    one request makes that request NaN and leaves the others bit for bit as they were."""
+    the one-pass merge (every split of a row loaded at once), 17 the per-row one; token warps
+    combined inside the CTA, alone or with splits; a bad page in one request makes that request
+    NaN and leaves the others bit for bit as they were."""
+    if token_warps > 1 and config[2] > 128:
+        pytest.skip("token warps only at head_dim <= 128 (test_forced_plans checks the refusal)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows_per_block = 256 // (config[2] // 4)
     batch = -(-(rows_per_block * sms + 1) // config[0])
@@ -650,15 +668,16 @@ def test_many_rows_merge(seed, splits, config):
 
     def run(args):
         out, lse = poisoned_outputs(problem, "cuda", "strided")
-        need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits)
+        need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits, token_warps)
         workspace = torch.full((need,), float("nan"), device="cuda")
-        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits) == 0
+        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits,
+                                         token_warps) == 0
         torch.cuda.synchronize()
         return out, lse
 
     args = list(problem.args("cuda"))
     good = run(args)
-    check(good, problem, "cuda", seed, f"splits={splits}")
+    check(good, problem, "cuda", seed, f"splits={splits} token_warps={token_warps}")
     bad_request = next(b for b in range(batch) if problem.lengths[b] > 0)
     args[4] = args[4].clone()
     args[4][int(problem.kv_indptr[bad_request])] = problem.num_pages  # one past the last page
@@ -669,28 +688,33 @@ def test_many_rows_merge(seed, splits, config):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("token_warps", [1, 2, 4])
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 16, 17, 128])
 @pytest.mark.parametrize("config", [(32, 8, 128, 1), (32, 4, 128, 64), (6, 1, 64, 3), (40, 2, 256, 5),
                                     (8, 2, 128, 48)],  # 48: whole 16-token steps in pages that are no power of two
                          ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
-def test_every_split_count(seed, splits, config):
-    """Split plans forced past the heuristic (more splits than some requests have tokens), the
-    workspace NaN-poisoned: the merge reads only what the first kernel wrote."""
+def test_every_split_count(seed, splits, token_warps, config):
+    """Split plans and token warps forced past the heuristic (more parts than some requests have
+    tokens, so some warps and splits are empty), the workspace NaN-poisoned: the merge reads only
+    what the first kernel wrote."""
+    if token_warps > 1 and config[2] > 128:
+        pytest.skip("token warps only at head_dim <= 128 (test_forced_plans checks the refusal)")
     problem = random_problem(torch.Generator().manual_seed(seed), config, torch.bfloat16, batch=5, longest=700)
     args = problem.args("cuda")
     out, lse = poisoned_outputs(problem, "cuda", "strided")
     last = problem.kv_last_page_len.cuda()
     scale = 1 / math.sqrt(config[2])
     stream = torch.cuda.current_stream().cuda_stream
-    need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits)
+    need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits, token_warps)
     if splits > 1:
         assert need == splits * 5 * config[0] * (config[2] + 1)
         workspace = torch.full((need,), float("nan"), device="cuda")
-        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits) == 0
+        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits,
+                                         token_warps) == 0
     else:
         assert need == 0
     torch.cuda.synchronize()
-    check((out, lse), problem, "cuda", seed, f"splits={splits} {problem.lengths}")
+    check((out, lse), problem, "cuda", seed, f"splits={splits} token_warps={token_warps} {problem.lengths}")
 
 
 @pytest.mark.gpu
