@@ -22,8 +22,8 @@ defines it. A request without pages gives a zero output and lse = -inf.
 Arithmetic: CPU: fp32 logits and softmax, fp32 sums, one rounding of the output. CUDA: logits
 from tensor cores (exact products, fp32 sums), online softmax in fp32, the probabilities
 rounded to the input dtype for the P.V product (as every tensor-core attention does: about one
-ulp of the input type relative to each weight), fp32 sums; splits of long requests merged in
-fp32 in a fixed order.
+ulp of the input type relative to each weight), fp32 sums; the parts of a request cut across
+warps or CTAs merged in fp32 in a fixed order (results do not vary between runs).
 
 Validation: shapes, dtypes, strides, devices, aliasing are checked by the binding on every call.
 The page layout's values (offsets, page ids, last-page lengths) are read by the binding for CPU
