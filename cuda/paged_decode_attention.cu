@@ -466,17 +466,22 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
     constexpr int kValues = kDimTiles * kHeadTiles * 4 + kHeadTiles * 4 + 1;
     static_assert(kValues * 32 * int(sizeof(float)) <= kStages * kStageBytes, "a warp's state fits its ring");
     auto state_of = [&](int w) { return reinterpret_cast<float*>(ring_all + w * kStages * kStageBytes) + lane; };
-    {
-      float* mine = state_of(warp);
+    // f(element, its value index, its tile of heads, its head's parity) over o, in one order.
+    auto each_o = [&](auto&& f) {
       int v = 0;
 #pragma unroll
       for (int i = 0; i < kDimTiles; ++i) {
 #pragma unroll
         for (int nt = 0; nt < kHeadTiles; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mine[32 * v++] = o[i][nt][e];
+          for (int e = 0; e < 4; ++e, ++v) f(o[i][nt][e], v, nt, e & 1);
         }
       }
+    };
+    {
+      float* mine = state_of(warp);
+      each_o([&](float& x, int v, int, int) { mine[32 * v] = x; });
+      int v = kDimTiles * kHeadTiles * 4;
 #pragma unroll
       for (int nt = 0; nt < kHeadTiles; ++nt) {
 #pragma unroll
@@ -505,15 +510,7 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
           m[nt][h] = m_new;
         }
       }
-      int v = 0;
-#pragma unroll
-      for (int i = 0; i < kDimTiles; ++i) {
-#pragma unroll
-        for (int nt = 0; nt < kHeadTiles; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e, ++v) o[i][nt][e] = o[i][nt][e] * keep[nt][e & 1] + theirs[32 * v] * take[nt][e & 1];
-        }
-      }
+      each_o([&](float& x, int v, int nt, int h) { x = x * keep[nt][h] + theirs[32 * v] * take[nt][h]; });
       bad_page = bad_page || theirs[32 * (kFirstHeadValue + 4 * kHeadTiles)] != 0.f;
     }
   }
