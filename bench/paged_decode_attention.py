@@ -344,7 +344,7 @@ def progress(row: dict) -> str:
         us, pct, verdict = cell(r)
         parts.append(f"{impl} {us} µs {pct} {verdict}" if r["status"] == "ok"
                      else f"{impl} {r['status']} ({r.get('error', '')[:100]})")
-    return f"plan {plan_name(row['plan']['splits'], row['plan'].get('token_warps', 1))}; " + "; ".join(parts)
+    return f"plan {row_plan(row)}; " + "; ".join(parts)
 
 
 def speedup(r: dict, peer: str) -> str:
@@ -357,7 +357,7 @@ def table(rows: list) -> str:
         ["triton/opforge", "sdpa/opforge", "flashinfer/opforge"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [case_name(r), fmt(r["bytes"] / 1e6, 1), plan_name(r["plan"]["splits"], r["plan"].get("token_warps", 1))]
+        cells = [case_name(r), fmt(r["bytes"] / 1e6, 1), row_plan(r)]
         for impl in IMPLS:
             cells += list(cell(r["impls"][impl]))
         cells += [speedup(r, "triton"), speedup(r, "sdpa"), speedup(r, "flashinfer")]
@@ -368,6 +368,11 @@ def table(rows: list) -> str:
 def plan_name(splits: int, token_warps: int = 1) -> str:
     """A plan's cut as the tables name it: splits, and "wT" for T token warps per CTA."""
     return f"{splits}" if token_warps == 1 else f"{splits}w{token_warps}"
+
+
+def row_plan(row: dict) -> str:
+    """The plan a case ran with (results saved before token warps have none: 1)."""
+    return plan_name(row["plan"]["splits"], row["plan"].get("token_warps", 1))
 
 
 def parse_plan_name(name: str) -> tuple[int, int]:
@@ -385,7 +390,7 @@ def splits_table(rows: list) -> str:
     for r in rows:
         times = {s: v["us"] for s, v in r.get("forced_splits", {}).items() if v["status"] == "ok"}
         best = min(times, key=times.get) if times else None
-        plan = plan_name(r["plan"]["splits"], r["plan"].get("token_warps", 1))
+        plan = row_plan(r)
         out.append(f"| {case_name(r)} | {plan} | " + " | ".join(fmt(times.get(s)) for s in forced) + f" | {best} |")
     return "\n".join(out)
 

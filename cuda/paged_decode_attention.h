@@ -57,7 +57,7 @@ constexpr int kPagedDecodeWarpsPerSm = 8;
 // average request (eight steps): shorter parts spend more on each warp's start and on combining
 // than they gain in parallelism.
 constexpr int64_t kPagedDecodeMinPartTokens = 128;
-// With few tasks, the plan stops at about this many resident CTAs per SM's worth of parts...
+// With few tasks, the parts per request stop where every SM has about this many tasks' parts...
 constexpr int kPagedDecodeFewTaskCtasPerSm = 4;
 // ...but always allows this many parts, so that one long request among short ones is still
 // shared out (the lengths are not known on the host).
