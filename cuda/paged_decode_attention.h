@@ -58,9 +58,11 @@ constexpr int kPagedDecodeWarpsPerSm = 8;
 // than they gain in parallelism...
 constexpr int64_t kPagedDecodeMinPartTokens = 128;
 // ...unless there is at most one task per four SMs: the GPU is then mostly idle, the time is
-// latency, and parts this short still pay (batch 1 x 512 tokens, h32_kv8 on an H200: 10.3 us in
-// 64 parts of 8 tokens, 11.3 in 4 of 128; bench/results/2026-11-27_h200_*_paged_decode_batch1/).
-// At batch 8 (64 tasks) they do not: 8 x 512 takes 13.3 us in 4 parts, 15.2 in 16.
+// latency, and parts this short still pay where they are warps of one CTA (batch 1 x 512 tokens,
+// h32_kv8_d128 on an H200: 10.3 us in 64 parts of 8 tokens, 11.3 in 4 of 128), or 4x as long
+// where they are splits, merged through memory (head_dim 256: h8_kv1 1 x 512 9.7 us in 16 splits,
+// 11.8 in 64; bench/results/2026-11-27_h200_*_paged_decode_batch1/). At batch 8 of h32_kv8 (64
+// tasks) they do not pay: 8 x 512 takes 13.3 us in 4 parts, 15.2 in 16.
 constexpr int64_t kPagedDecodeFewTaskMinPartTokens = 8;
 // Parts per request always allowed, so that one long request among short ones is still shared
 // out (the lengths are not known on the host).
@@ -110,32 +112,42 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // page_size, an upper bound of the tokens in the batch (kv_indices may be a larger buffer).
 // There are batch * num_kv_heads * head_chunks tasks, and a wave of resident warps is
 // sms * kPagedDecodeWarpsPerSm. Each request's tokens are cut into `parts`, the fewest of:
-// 1. enough for the tasks' warps to make four waves (later waves even out unequal lengths);
-// 2. one CTA of four token warps per SM (parts = 4 x floor(sms / tasks)), or kPagedDecodeSkewParts
-//    if more: with few tasks, more CTAs than SMs put two on some SMs and leave the rest waiting
-//    for them (batch 1 x 32768: 48.3 us at 16 splits x 4 warps = 128 CTAs, 50.4 at 17 x 4 = 136);
-// 3. kPagedDecodeMinPartTokens tokens per part of an average request (kPagedDecodeFewTaskMinPartTokens
-//    with at most one task per four SMs); kPagedDecodeMaxSplits.
+// 1. enough for the tasks' warps to make four waves (later waves even out unequal lengths). Also
+//    where every part is a split (head_dim 256), whose partial output goes through memory: one
+//    wave would serve uniform batches better (h8_kv1_d256 128 x 2048: 81.2 us at 4 splits, 89.7
+//    at 16) but leave skewed ones 3x slower (h16_kv8_d256 32 x tail: 626.6 us at 2, 187.9 at 8);
+// 2. four warps per SM in CTAs of the most parts one CTA can take (4 x floor(sms / tasks) parts
+//    with token warps, floor(2 sms / tasks) splits of two-warp CTAs at 256 dims), or
+//    kPagedDecodeSkewParts if more: with few tasks, more CTAs than that put two on some SMs and
+//    leave the rest waiting for them (batch 1 x 32768: 48.3 us at 16 splits x 4 warps = 128 CTAs,
+//    50.4 at 17 x 4 = 136);
+// 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
+//    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits.
 // Up to four parts are warps of one CTA (head_dim <= 128), the rest splits across CTAs: warps
 // that share a CTA's slice need no second kernel, and one with an empty run costs little.
 // Measured on an H200 against every forced cut up to 4 splits x 4 warps
-// (bench/results/2026-11-27_h200_*_paged_decode_token_warps/) and, at batch 1, up to 64 x 4
-// (bench/results/2026-11-27_h200_*_paged_decode_batch1/): uniform batches of 32 lose up to 9%
-// against their best cut (1 split x 4 warps) for the sake of skewed ones (a 32768-token request
-// among 31 of 512 is 2.5x faster at 16 parts than at 4); batch 1 takes 64 parts at every context.
+// (bench/results/2026-11-27_h200_*_paged_decode_token_warps/) and, at batch 1 and at 256 dims,
+// more (bench/results/2026-11-27_h200_*_paged_decode_batch1/): uniform batches of 32 lose up to
+// 9% against their best cut (1 split x 4 warps) for the sake of skewed ones (a 32768-token
+// request among 31 of 512 is 2.5x faster at 16 parts than at 4); batch 1 takes 64 parts at every
+// context.
 // Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
-// batch 1 x 512 .. 32768 -> 64 (16 x 4); batch 128 x 64 -> 1 (1 x 1).
+// batch 1 x 512 .. 32768 -> 64 (16 x 4); batch 128 x 64 -> 1 (1 x 1). h8_kv1_d256: batch 128 x
+// 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
   const int64_t warps = paged_decode_warps(head_dim);
+  // The parts one CTA can take: token warps where a task has one warp of dims, else one split.
+  const int64_t per_cta = warps == 1 ? kPagedDecodeMaxTokenWarps : 1;
   int64_t parts = 4 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps / one.ctas;
-  int64_t spread = int64_t(kPagedDecodeMaxTokenWarps) * (sms / one.ctas);
+  int64_t spread = per_cta * (int64_t(sms) * kPagedDecodeMaxTokenWarps / (warps * per_cta) / one.ctas);
   if (spread < kPagedDecodeSkewParts) spread = kPagedDecodeSkewParts;
-  const int64_t min_tokens =
-      kPagedDecodeMaxTokenWarps * one.ctas <= sms ? kPagedDecodeFewTaskMinPartTokens : kPagedDecodeMinPartTokens;
+  const int64_t min_tokens = kPagedDecodeMaxTokenWarps * one.ctas > sms ? kPagedDecodeMinPartTokens
+                             : warps == 1                               ? kPagedDecodeFewTaskMinPartTokens
+                                                                        : 4 * kPagedDecodeFewTaskMinPartTokens;
   const int64_t by_length = paged_decode_cdiv(tokens, batch) / min_tokens;
   for (const int64_t cap : {spread, by_length, int64_t(kPagedDecodeMaxSplits)}) {
     if (parts > cap) parts = cap;

@@ -428,6 +428,18 @@ def test_plan_of_the_decode_shapes(batch, tokens, parts, splits, token_warps):
     is more, each part keeping at least 128 tokens of an average request (8 with at most 33 tasks:
     batch 1 to 4); up to 4 of the parts are warps of one CTA, the rest splits (the examples in
     the header)."""
+@pytest.mark.parametrize("batch, context, splits",
+                         [(128, 2048, 16), (128, 512, 4), (32, 2048, 16), (32, 512, 16), (8, 2048, 33), (8, 8192, 33),
+                          (1, 512, 16), (1, 2048, 64), (1, 32768, 128)], ids=str)
+def test_plan_at_256_dims(batch, context, splits):
+    """h8_kv1_d256 on 132 SMs (two warps of dims per CTA, so every part is a split merged through
+    memory): four waves of warps (batch 128: 16 splits), two two-warp CTAs per SM with few tasks
+    (batch 8: floor(264 / 8) = 33), 32 tokens per split at least with at most one task per four
+    SMs (batch 1 x 512: 16)."""
+    p = plan(batch, 8, 1, batch * context, head_dim=256)
+    assert (p["splits"], p["token_warps"], p["warps_per_cta"]) == (splits, 1, 2), p
+
+
 def test_plan_heads_and_dims():
     assert plan(4, 40, 2, 4096)["head_chunks"] == 2  # 20 query heads per KV head: two 16-row tiles
     assert plan(4, 64, 1, 4096)["head_chunks"] == 4
