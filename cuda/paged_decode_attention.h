@@ -117,10 +117,13 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 //    wave would serve uniform batches better (h8_kv1_d256 128 x 2048: 81.2 us at 4 splits, 89.7
 //    at 16) but leave skewed ones 3x slower (h16_kv8_d256 32 x tail: 626.6 us at 2, 187.9 at 8);
 // 2. four warps per SM in CTAs of the most parts one CTA can take (4 x floor(sms / tasks) parts
-//    with token warps, floor(2 sms / tasks) splits of two-warp CTAs at 256 dims), or
-//    kPagedDecodeSkewParts if more: with few tasks, more CTAs than that put two on some SMs and
-//    leave the rest waiting for them (batch 1 x 32768: 48.3 us at 16 splits x 4 warps = 128 CTAs,
-//    50.4 at 17 x 4 = 136);
+//    with token warps, floor(2 sms / tasks) splits of two-warp CTAs at 256 dims), or eight where
+//    the parts of an average request keep kPagedDecodeMinPartTokens tokens, or
+//    kPagedDecodeSkewParts if more: with few tasks, CTAs past a whole number per SM put more on
+//    some SMs and leave the rest waiting for them (batch 1 x 32768: 48.3 us at 16 splits x 4 warps
+//    = 128 CTAs, 50.4 at 17 x 4 = 136); short requests gain nothing from the second four warps
+//    (1 x 512: 10.3 us at 128 CTAs, 11.0 at 256), long ones need them to keep enough bytes in
+//    flight (h32_kv4, page size 1, 8 x 32768: 185.3 us at 128 CTAs, 142.5 at 256);
 // 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
 //    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits.
 // Up to four parts are warps of one CTA (head_dim <= 128), the rest splits across CTAs: warps
@@ -133,8 +136,9 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // context.
 // Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
-// batch 1 x 512 .. 32768 -> 64 (16 x 4); batch 128 x 64 -> 1 (1 x 1). h8_kv1_d256: batch 128 x
-// 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128.
+// batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 128 (32 x 4); batch 128 x 64 -> 1 (1 x 1).
+// h32_kv4_d128: batch 8 x 2048 -> 16 (4 x 4), x 8192 .. 32768 -> 32 (8 x 4). h8_kv1_d256: batch
+// 128 x 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
@@ -143,12 +147,18 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   // The parts one CTA can take: token warps where a task has one warp of dims, else one split.
   const int64_t per_cta = warps == 1 ? kPagedDecodeMaxTokenWarps : 1;
   int64_t parts = 4 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps / one.ctas;
-  int64_t spread = per_cta * (int64_t(sms) * kPagedDecodeMaxTokenWarps / (warps * per_cta) / one.ctas);
+  // Few tasks: four warps per SM, or eight (a full wave) where the average request would still
+  // give each part kPagedDecodeMinPartTokens.
+  const int64_t avg_tokens = paged_decode_cdiv(tokens, batch);
+  int64_t spread = per_cta * (int64_t(sms) * kPagedDecodeWarpsPerSm / (warps * per_cta) / one.ctas);
+  if (spread < 1 || avg_tokens / spread < kPagedDecodeMinPartTokens) {
+    spread = per_cta * (int64_t(sms) * kPagedDecodeWarpsPerSm / 2 / (warps * per_cta) / one.ctas);
+  }
   if (spread < kPagedDecodeSkewParts) spread = kPagedDecodeSkewParts;
   const int64_t min_tokens = kPagedDecodeMaxTokenWarps * one.ctas > sms ? kPagedDecodeMinPartTokens
                              : warps == 1                               ? kPagedDecodeFewTaskMinPartTokens
                                                                         : 4 * kPagedDecodeFewTaskMinPartTokens;
-  const int64_t by_length = paged_decode_cdiv(tokens, batch) / min_tokens;
+  const int64_t by_length = avg_tokens / min_tokens;
   for (const int64_t cap : {spread, by_length, int64_t(kPagedDecodeMaxSplits)}) {
     if (parts > cap) parts = cap;
   }

@@ -418,16 +418,16 @@ def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, **force):
 
 @pytest.mark.parametrize("batch, tokens, parts, splits, token_warps",
                          [(128, 128 * 2048, 4, 1, 4), (32, 32 * 2048, 16, 4, 4), (8, 8 * 2048, 16, 4, 4),
-                          (8, 8 * 512, 4, 1, 4), (1, 32768, 64, 16, 4), (1, 8192, 64, 16, 4), (1, 2048, 64, 16, 4),
+                          (8, 8 * 512, 4, 1, 4), (1, 32768, 128, 32, 4), (1, 8192, 64, 16, 4), (1, 2048, 64, 16, 4),
                           (1, 512, 64, 16, 4), (1, 16, 2, 1, 2), (2, 2 * 512, 32, 8, 4), (4, 4 * 512, 16, 4, 4),
                           (32, 32 * 512, 4, 1, 4), (128, 128 * 512, 4, 1, 4), (256, 256 * 2048, 2, 1, 2),
                           (8, 8 * 128, 1, 1, 1), (8, 8 * 40, 1, 1, 1), (128, 128 * 64, 1, 1, 1)], ids=str)
 def test_plan_of_the_decode_shapes(batch, tokens, parts, splits, token_warps):
     """h32_kv8 on 132 SMs: each request cut into parts until four waves of 1056 warps, but no
-    more than one CTA of four warps per SM (4 x floor(132 / tasks) parts) or 16 parts, whichever
-    is more, each part keeping at least 128 tokens of an average request (8 with at most 33 tasks:
-    batch 1 to 4); up to 4 of the parts are warps of one CTA, the rest splits (the examples in
-    the header)."""
+    more than one CTA of four warps per SM (4 x floor(132 / tasks) parts; two where that leaves
+    128 tokens per part: batch 1 x 32768) or 16 parts, whichever is more, each part keeping at
+    least 128 tokens of an average request (8 with at most 33 tasks: batch 1 to 4); up to 4 of
+    the parts are warps of one CTA, the rest splits (the examples in the header)."""
 @pytest.mark.parametrize("batch, context, splits",
                          [(128, 2048, 16), (128, 512, 4), (32, 2048, 16), (32, 512, 16), (8, 2048, 33), (8, 8192, 33),
                           (1, 512, 16), (1, 2048, 64), (1, 32768, 128)], ids=str)
@@ -443,11 +443,14 @@ def test_plan_at_256_dims(batch, context, splits):
 def test_plan_heads_and_dims():
     assert plan(4, 40, 2, 4096)["head_chunks"] == 2  # 20 query heads per KV head: two 16-row tiles
     assert plan(4, 64, 1, 4096)["head_chunks"] == 4
-    # Two-warp CTAs at 256 dims: no token warps; 32 tasks are few, so both take 16 parts (one
-    # four-warp CTA per SM would be 4 x floor(132 / 32) = 16).
+    # Two-warp CTAs at 256 dims: no token warps; 32 tasks are few: 16 splits (four warps per SM
+    # in two-warp CTAs would be floor(264 / 32) = 8); at 128 dims a full wave of four-warp CTAs,
+    # 4 x floor(264 / 32) = 32 parts, keeps 256 tokens per part.
     wide, narrow = plan(32, 8, 1, 32 * 8192, head_dim=256), plan(32, 8, 1, 32 * 8192, head_dim=128)
     assert (wide["warps_per_cta"], wide["splits"], wide["token_warps"]) == (2, 16, 1)
-    assert (narrow["warps_per_cta"], narrow["splits"], narrow["token_warps"]) == (4, 4, 4)
+    assert (narrow["warps_per_cta"], narrow["splits"], narrow["token_warps"]) == (4, 8, 4)
+    kv4 = [plan(8, 32, 4, 8 * n) for n in (2048, 8192, 32768)]  # h32_kv4, batch 8: 32 tasks
+    assert [(p["splits"], p["token_warps"]) for p in kv4] == [(4, 4), (8, 4), (8, 4)]
     one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most parts
     assert (one["splits"], one["token_warps"]) == (32, 4)
     assert plan(0, 32, 8, 0)["ctas"] == 0
