@@ -125,7 +125,10 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 //    (1 x 512: 10.3 us at 128 CTAs, 11.0 at 256), long ones need them to keep enough bytes in
 //    flight (h32_kv4, page size 1, 8 x 32768: 185.3 us at 128 CTAs, 142.5 at 256);
 // 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
-//    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits.
+//    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits;
+// 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without.
+//    (Forced cuts with 8 token warps, bench/results/2026-11-27_h200_*_paged_decode_token_warps8/:
+//    better on skewed batches at 32 parts, worse on uniform ones at the 16 the plan hedges with.)
 // Up to four parts are warps of one CTA (head_dim <= 128), the rest splits across CTAs: warps
 // that share a CTA's slice need no second kernel, and one with an empty run costs little.
 // Measured on an H200 against every forced cut up to 4 splits x 4 warps
@@ -137,8 +140,9 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
 // batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 128 (32 x 4); batch 128 x 64 -> 1 (1 x 1).
-// h32_kv4_d128: batch 8 x 2048 -> 16 (4 x 4), x 8192 .. 32768 -> 32 (8 x 4). h8_kv1_d256: batch
-// 128 x 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128.
+// h32_kv4_d128: batch 8 x 2048 -> 16 (4 x 4), x 8192 .. 32768 -> 32 (8 x 4); batch 128 -> 4
+// (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 ->
+// 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
@@ -162,6 +166,11 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   for (const int64_t cap : {spread, by_length, int64_t(kPagedDecodeMaxSplits)}) {
     if (parts > cap) parts = cap;
   }
+  // Tasks whose token warps alone fill a wave take no split: its merge pass costs more than the
+  // later waves even out (h32_kv4 128 x 2048: 139.4 us at 1 x 4, 148.4 at 2 x 4; the mixed batch
+  // too, 147.5 against 149.6). Not without token warps, where a split is what evens out unequal
+  // lengths (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
+  if (warps == 1 && one.ctas * per_cta >= int64_t(sms) * kPagedDecodeWarpsPerSm && parts > per_cta) parts = per_cta;
   if (parts < 1) parts = 1;
   int token_warps = 1;
   while (warps == 1 && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;

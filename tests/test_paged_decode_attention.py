@@ -451,6 +451,12 @@ def test_plan_heads_and_dims():
     assert (narrow["warps_per_cta"], narrow["splits"], narrow["token_warps"]) == (4, 8, 4)
     kv4 = [plan(8, 32, 4, 8 * n) for n in (2048, 8192, 32768)]  # h32_kv4, batch 8: 32 tasks
     assert [(p["splits"], p["token_warps"]) for p in kv4] == [(4, 4), (8, 4), (8, 4)]
+    # Tasks whose token warps fill a wave without a split take none: 512 tasks x 4 token warps
+    # (h32_kv4 at batch 128; 256 tasks at batch 64 still split). Not without token warps (256
+    # dims), where splits are what even out unequal lengths.
+    assert [(plan(b, 32, 4, b * 2048)["splits"], plan(b, 32, 4, b * 2048)["token_warps"]) for b in (64, 128)] == \
+        [(4, 4), (1, 4)]
+    assert [plan(b, 16, 8, b * 2048, head_dim=256)["splits"] for b in (64, 128)] == [4, 2]
     one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most parts
     assert (one["splits"], one["token_warps"]) == (32, 4)
     assert plan(0, 32, 8, 0)["ctas"] == 0
