@@ -237,10 +237,15 @@ import os, signal, time
 
 PIDS = PIDS_FOLDER
 """ + START_DAEMON + """
+def daemons():
+    return {name for name in os.listdir(PIDS) if name.startswith("daemon-")}
+
 def run(x, w):
     open(os.path.join(PIDS, f"worker-{os.getpid()}"), "w").close()
+    before = daemons()
     start_daemon(PIDS)
-    while not any(name.startswith("daemon-") for name in os.listdir(PIDS)):
+    # This workload's daemon, not an earlier workload's, must be on record before the kill.
+    while not daemons() - before:
         time.sleep(0.01)
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(60)
