@@ -64,6 +64,12 @@ constexpr int64_t kPagedDecodeMinPartTokens = 128;
 // 11.8 in 64; bench/results/2026-11-27_h200_*_paged_decode_batch1/). At batch 8 of h32_kv8 (64
 // tasks) they do not pay: 8 x 512 takes 13.3 us in 4 parts, 15.2 in 16.
 constexpr int64_t kPagedDecodeFewTaskMinPartTokens = 8;
+// With few tasks, a full wave of CTAs (rather than four warps per SM) where the parts of an
+// average request keep this many tokens: long requests need the bytes in flight, short ones gain
+// nothing from the second four warps (h32_kv4 8 x 2048, page size 1: 20.6 us in 32 parts of 64
+// tokens, 23.0 in 16; h32_kv8 1 x 8192: 20.7 in 64 parts, 21.1 in 128 of 64 tokens), 4x as many
+// where the parts are splits (h8_kv1_d256 8 x 8192: 31.9 us at 32 splits of 256 tokens, 33.6 at 64).
+constexpr int64_t kPagedDecodeFullWavePartTokens = 64;
 // Parts per request always allowed, so that one long request among short ones is still shared
 // out (the lengths are not known on the host).
 constexpr int kPagedDecodeSkewParts = 16;
@@ -118,14 +124,15 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 //    at 16) but leave skewed ones 3x slower (h16_kv8_d256 32 x tail: 626.6 us at 2, 187.9 at 8);
 // 2. four warps per SM in CTAs of the most parts one CTA can take (4 x floor(sms / tasks) parts
 //    with token warps, floor(2 sms / tasks) splits of two-warp CTAs at 256 dims), or eight where
-//    the parts of an average request keep kPagedDecodeMinPartTokens tokens, or
+//    the parts of an average request keep kPagedDecodeFullWavePartTokens tokens, or
 //    kPagedDecodeSkewParts if more: with few tasks, CTAs past a whole number per SM put more on
 //    some SMs and leave the rest waiting for them (batch 1 x 32768: 48.3 us at 16 splits x 4 warps
 //    = 128 CTAs, 50.4 at 17 x 4 = 136); short requests gain nothing from the second four warps
 //    (1 x 512: 10.3 us at 128 CTAs, 11.0 at 256), long ones need them to keep enough bytes in
 //    flight (h32_kv4, page size 1, 8 x 32768: 185.3 us at 128 CTAs, 142.5 at 256);
 // 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
-//    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits;
+//    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits
+//    splits;
 // 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without.
 //    (Forced cuts with 8 token warps, bench/results/2026-11-27_h200_*_paged_decode_token_warps8/:
 //    better on skewed batches at 32 parts, worse on uniform ones at the 16 the plan hedges with.)
@@ -139,9 +146,9 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // context.
 // Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
-// batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 128 (32 x 4); batch 128 x 64 -> 1 (1 x 1).
-// h32_kv4_d128: batch 8 x 2048 -> 16 (4 x 4), x 8192 .. 32768 -> 32 (8 x 4); batch 128 -> 4
-// (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 ->
+// batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 132 (33 x 4); batch 128 x 64 -> 1 (1 x 1).
+// h32_kv4_d128: batch 1 x 32768 -> 264 (66 x 4); batch 8 x 512 -> 16 (4 x 4), x 2048 .. 32768
+// -> 32 (8 x 4); batch 128 -> 4 (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 ->
 // 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
@@ -152,10 +159,10 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   const int64_t per_cta = warps == 1 ? kPagedDecodeMaxTokenWarps : 1;
   int64_t parts = 4 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps / one.ctas;
   // Few tasks: four warps per SM, or eight (a full wave) where the average request would still
-  // give each part kPagedDecodeMinPartTokens.
+  // give each part kPagedDecodeFullWavePartTokens.
   const int64_t avg_tokens = paged_decode_cdiv(tokens, batch);
   int64_t spread = per_cta * (int64_t(sms) * kPagedDecodeWarpsPerSm / (warps * per_cta) / one.ctas);
-  if (spread < 1 || avg_tokens / spread < kPagedDecodeMinPartTokens) {
+  if (spread < 1 || avg_tokens / spread < (warps == 1 ? 1 : 4) * kPagedDecodeFullWavePartTokens) {
     spread = per_cta * (int64_t(sms) * kPagedDecodeWarpsPerSm / 2 / (warps * per_cta) / one.ctas);
   }
   if (spread < kPagedDecodeSkewParts) spread = kPagedDecodeSkewParts;
@@ -163,7 +170,7 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
                              : warps == 1                               ? kPagedDecodeFewTaskMinPartTokens
                                                                         : 4 * kPagedDecodeFewTaskMinPartTokens;
   const int64_t by_length = avg_tokens / min_tokens;
-  for (const int64_t cap : {spread, by_length, int64_t(kPagedDecodeMaxSplits)}) {
+  for (const int64_t cap : {spread, by_length, per_cta * kPagedDecodeMaxSplits}) {
     if (parts > cap) parts = cap;
   }
   // Tasks whose token warps alone fill a wave take no split: its merge pass costs more than the

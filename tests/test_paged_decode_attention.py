@@ -418,14 +418,14 @@ def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, **force):
 
 @pytest.mark.parametrize("batch, tokens, parts, splits, token_warps",
                          [(128, 128 * 2048, 4, 1, 4), (32, 32 * 2048, 16, 4, 4), (8, 8 * 2048, 16, 4, 4),
-                          (8, 8 * 512, 4, 1, 4), (1, 32768, 128, 32, 4), (1, 8192, 64, 16, 4), (1, 2048, 64, 16, 4),
+                          (8, 8 * 512, 4, 1, 4), (1, 32768, 132, 33, 4), (1, 8192, 64, 16, 4), (1, 2048, 64, 16, 4),
                           (1, 512, 64, 16, 4), (1, 16, 2, 1, 2), (2, 2 * 512, 32, 8, 4), (4, 4 * 512, 16, 4, 4),
                           (32, 32 * 512, 4, 1, 4), (128, 128 * 512, 4, 1, 4), (256, 256 * 2048, 2, 1, 2),
                           (8, 8 * 128, 1, 1, 1), (8, 8 * 40, 1, 1, 1), (128, 128 * 64, 1, 1, 1)], ids=str)
 def test_plan_of_the_decode_shapes(batch, tokens, parts, splits, token_warps):
     """h32_kv8 on 132 SMs: each request cut into parts until four waves of 1056 warps, but no
     more than one CTA of four warps per SM (4 x floor(132 / tasks) parts; two where that leaves
-    128 tokens per part: batch 1 x 32768) or 16 parts, whichever is more, each part keeping at
+    64 tokens per part: batch 1 x 32768) or 16 parts, whichever is more, each part keeping at
     least 128 tokens of an average request (8 with at most 33 tasks: batch 1 to 4); up to 4 of
     the parts are warps of one CTA, the rest splits (the examples in the header)."""
 @pytest.mark.parametrize("batch, context, splits",
@@ -449,16 +449,20 @@ def test_plan_heads_and_dims():
     wide, narrow = plan(32, 8, 1, 32 * 8192, head_dim=256), plan(32, 8, 1, 32 * 8192, head_dim=128)
     assert (wide["warps_per_cta"], wide["splits"], wide["token_warps"]) == (2, 16, 1)
     assert (narrow["warps_per_cta"], narrow["splits"], narrow["token_warps"]) == (4, 8, 4)
-    kv4 = [plan(8, 32, 4, 8 * n) for n in (2048, 8192, 32768)]  # h32_kv4, batch 8: 32 tasks
-    assert [(p["splits"], p["token_warps"]) for p in kv4] == [(4, 4), (8, 4), (8, 4)]
+    # h32_kv4, batch 8 (32 tasks): a full wave (8 x 4) from 64 tokens per part, half of one below.
+    kv4 = [plan(8, 32, 4, 8 * n) for n in (512, 2048, 8192, 32768)]
+    assert [(p["splits"], p["token_warps"]) for p in kv4] == [(4, 4), (8, 4), (8, 4), (8, 4)]
+    # One task of h32_kv4 at batch 1 x 32768 takes 66 splits of 4 warps: the cap of 128 counts
+    # splits, not parts.
+    assert (plan(1, 32, 4, 32768)["splits"], plan(1, 32, 4, 32768)["token_warps"]) == (66, 4)
     # Tasks whose token warps fill a wave without a split take none: 512 tasks x 4 token warps
     # (h32_kv4 at batch 128; 256 tasks at batch 64 still split). Not without token warps (256
     # dims), where splits are what even out unequal lengths.
     assert [(plan(b, 32, 4, b * 2048)["splits"], plan(b, 32, 4, b * 2048)["token_warps"]) for b in (64, 128)] == \
         [(4, 4), (1, 4)]
     assert [plan(b, 16, 8, b * 2048, head_dim=256)["splits"] for b in (64, 128)] == [4, 2]
-    one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most parts
-    assert (one["splits"], one["token_warps"]) == (32, 4)
+    one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most splits
+    assert (one["splits"], one["token_warps"]) == (128, 4)
     assert plan(0, 32, 8, 0)["ctas"] == 0
 
 
