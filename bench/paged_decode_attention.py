@@ -4,6 +4,7 @@
     python3 bench/paged_decode_attention.py --out results.json --markdown bench/results/DATE_GPU_COMMIT_paged_decode.md
     python3 bench/paged_decode_attention.py --splits 1,2,4,8,16,32     # also time forced split counts (plan tuning)
     python3 bench/paged_decode_attention.py --cases 32x2048,128x512,32xtail --impls opforge,sdpa   # a quick subset
+    python3 bench/paged_decode_attention.py --batches 2,4,64 --contexts 2048,32768 --impls opforge,sdpa  # another grid
     python3 bench/paged_decode_attention.py --dry-run     # every code path on tiny CPU tensors, numbers meaningless
     python3 bench/paged_decode_attention.py --render results.json      # re-render the tables of a saved run
 
@@ -446,6 +447,11 @@ def parse_args(argv=None):
     p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's; SwT: S "
                                     "splits with T warps of a CTA sharing each slice (2w4)")
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA where its gathered KV exceeds this")
+    p.add_argument("--batches", type=_int_list, default=BATCHES,
+                   help=f"comma-separated batch sizes of the grid of uniform cases (default {_csv(BATCHES)}; a dry "
+                        "run keeps its tiny grid)")
+    p.add_argument("--contexts", type=_int_list, default=CONTEXTS,
+                   help=f"comma-separated context lengths of that grid (default {_csv(CONTEXTS)})")
     p.add_argument("--cases", help="comma-separated cases to run, BATCHxCONTEXT or BATCHxMIX (32x2048, 8xuniform); "
                                    "default: all")
     p.add_argument("--impls", help=f"comma-separated implementations to time, of {', '.join(IMPLS)}; default: all "
@@ -456,6 +462,21 @@ def parse_args(argv=None):
         if unknown:
             p.error(f"--impls: unknown {', '.join(sorted(unknown))} (known: {', '.join(IMPLS)})")
     return args
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """argparse type of --batches / --contexts: positive integers, comma-separated."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated whole numbers, e.g. 1,2,4,64") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected one or more numbers >= 1")
+    return values
 
 
 def case_key(label: str, batch: int, context: int) -> str:
@@ -476,7 +497,7 @@ def main(argv=None) -> int:
     ctx.copy_gbps = timing.copy_bandwidth_gbps(cuda)
     print(f"copy ceiling {ctx.copy_gbps:.0f} GB/s", flush=True)
     gen = torch.Generator().manual_seed(0)
-    grid = DRY_GRID if args.dry_run else [(b, c) for b in BATCHES for c in CONTEXTS]
+    grid = DRY_GRID if args.dry_run else [(b, c) for b in args.batches for c in args.contexts]
     specs = [("same", b, c) for b, c in grid] + list(DRY_MIXES if args.dry_run else MIXES)
     # Lengths are drawn for every case in order, selected or not, so a subset draws what the full
     # run draws.
