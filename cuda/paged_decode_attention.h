@@ -43,8 +43,8 @@ struct PagedDecodeParams {
 
 // A CTA computes one task: the query heads of one KV head (up to kPagedDecodeRows of them: two
 // 8-head tensor-core tiles, or one when the KV head has at most 8) of one request over one slice
-// of its tokens, reading each K and V row of that slice once for all of those heads. It is one warp per 128 head dims (two for
-// head_dim 256).
+// of its tokens, reading each K and V row of that slice once for all of those heads. It is one
+// warp per 128 head dims (two for head_dim 256), times the token warps of the plan below.
 constexpr int kPagedDecodeRows = 16;
 constexpr int paged_decode_warps(int64_t head_dim) { return head_dim > 128 ? static_cast<int>(head_dim / 128) : 1; }
 // Tokens per step of the main loop: one 16-deep k-step of the V^T.P^T product.
@@ -59,16 +59,21 @@ constexpr int kPagedDecodeWarpsPerSm = 8;
 constexpr int64_t kPagedDecodeMinPartTokens = 128;
 // ...unless there is at most one task per four SMs: the GPU is then mostly idle, the time is
 // latency, and parts this short still pay where they are warps of one CTA (batch 1 x 512 tokens,
-// h32_kv8_d128 on an H200: 10.3 us in 64 parts of 8 tokens, 11.3 in 4 of 128), or 4x as long
-// where they are splits, merged through memory (head_dim 256: h8_kv1 1 x 512 9.7 us in 16 splits,
-// 11.8 in 64; bench/results/2026-11-27_h200_*_paged_decode_batch1/). At batch 8 of h32_kv8 (64
-// tasks) they do not pay: 8 x 512 takes 13.3 us in 4 parts, 15.2 in 16.
+// h32_kv8_d128 on an H200: 10.3 us in 64 parts of 8 tokens, 11.3 in 4 of 128), or
+// kPagedDecodeSplitTokenFactor x as long where they are splits, merged through memory (head_dim
+// 256: h8_kv1 1 x 512 9.7 us in 16 splits, 11.8 in 64;
+// bench/results/2026-11-27_h200_*_paged_decode_batch1/). At batch 8 of h32_kv8 (64 tasks) they do
+// not pay: 8 x 512 takes 13.3 us in 4 parts, 15.2 in 16.
 constexpr int64_t kPagedDecodeFewTaskMinPartTokens = 8;
+// How many times the tokens a part that is a split (its partial output merged through memory)
+// needs, against a part that is a token warp (folded in shared memory).
+constexpr int64_t kPagedDecodeSplitTokenFactor = 4;
 // With few tasks, a full wave of CTAs (rather than four warps per SM) where the parts of an
 // average request keep this many tokens: long requests need the bytes in flight, short ones gain
 // nothing from the second four warps (h32_kv4 8 x 2048, page size 1: 20.6 us in 32 parts of 64
-// tokens, 23.0 in 16; h32_kv8 1 x 8192: 20.7 in 64 parts, 21.1 in 128 of 64 tokens), 4x as many
-// where the parts are splits (h8_kv1_d256 8 x 8192: 31.9 us at 32 splits of 256 tokens, 33.6 at 64).
+// tokens, 23.0 in 16; h32_kv8 1 x 8192: 20.7 in 64 parts, 21.1 in 128 of 64 tokens),
+// kPagedDecodeSplitTokenFactor x as many where the parts are splits (h8_kv1_d256 8 x 8192: 31.9 us
+// at 32 splits of 256 tokens, 33.6 at 64).
 constexpr int64_t kPagedDecodeFullWavePartTokens = 64;
 // Parts per request always allowed, so that one long request among short ones is still shared
 // out (the lengths are not known on the host).
@@ -131,8 +136,8 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 //    (1 x 512: 10.3 us at 128 CTAs, 11.0 at 256), long ones need them to keep enough bytes in
 //    flight (h32_kv4, page size 1, 8 x 32768: 185.3 us at 128 CTAs, 142.5 at 256);
 // 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
-//    four SMs, kPagedDecodeFewTaskMinPartTokens, or 4x that for splits alone); kPagedDecodeMaxSplits
-//    splits;
+//    four SMs, kPagedDecodeFewTaskMinPartTokens, x kPagedDecodeSplitTokenFactor for splits alone);
+//    kPagedDecodeMaxSplits splits;
 // 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without.
 //    (Forced cuts with 8 token warps, bench/results/2026-11-27_h200_*_paged_decode_token_warps8/:
 //    better on skewed batches at 32 parts, worse on uniform ones at the 16 the plan hedges with.)
@@ -148,28 +153,31 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
 // batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 132 (33 x 4); batch 128 x 64 -> 1 (1 x 1).
 // h32_kv4_d128: batch 1 x 32768 -> 264 (66 x 4); batch 8 x 512 -> 16 (4 x 4), x 2048 .. 32768
-// -> 32 (8 x 4); batch 128 -> 4 (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x 2048 -> 33; batch 1 x 512 ->
-// 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
+// -> 32 (8 x 4); batch 128 -> 4 (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x
+// 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
                                                 int64_t head_dim, int64_t tokens, int sms) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
   const int64_t warps = paged_decode_warps(head_dim);
-  // The parts one CTA can take: token warps where a task has one warp of dims, else one split.
-  const int64_t per_cta = warps == 1 ? kPagedDecodeMaxTokenWarps : 1;
-  int64_t parts = 4 * int64_t(sms) * kPagedDecodeWarpsPerSm / warps / one.ctas;
-  // Few tasks: four warps per SM, or eight (a full wave) where the average request would still
-  // give each part kPagedDecodeFullWavePartTokens.
+  const int64_t wave = int64_t(sms) * kPagedDecodeWarpsPerSm;  // resident warps
+  // The parts one CTA can take: token warps where a task has one warp of dims, else one split
+  // (whose parts then need kPagedDecodeSplitTokenFactor x the tokens).
+  const bool token_warps_fit = warps == 1;
+  const int64_t per_cta = token_warps_fit ? kPagedDecodeMaxTokenWarps : 1;
+  const int64_t token_factor = token_warps_fit ? 1 : kPagedDecodeSplitTokenFactor;
   const int64_t avg_tokens = paged_decode_cdiv(tokens, batch);
-  int64_t spread = per_cta * (int64_t(sms) * kPagedDecodeWarpsPerSm / (warps * per_cta) / one.ctas);
-  if (spread < 1 || avg_tokens / spread < (warps == 1 ? 1 : 4) * kPagedDecodeFullWavePartTokens) {
-    spread = per_cta * (int64_t(sms) * kPagedDecodeWarpsPerSm / 2 / (warps * per_cta) / one.ctas);
+  int64_t parts = 4 * wave / warps / one.ctas;
+  // Few tasks: the parts of whole CTAs that fill `resident` warps (a wave, or half of one).
+  auto parts_filling = [&](int64_t resident) { return per_cta * (resident / (warps * per_cta) / one.ctas); };
+  int64_t spread = parts_filling(wave);
+  if (spread < 1 || avg_tokens / spread < token_factor * kPagedDecodeFullWavePartTokens) {
+    spread = parts_filling(wave / 2);
   }
   if (spread < kPagedDecodeSkewParts) spread = kPagedDecodeSkewParts;
-  const int64_t min_tokens = kPagedDecodeMaxTokenWarps * one.ctas > sms ? kPagedDecodeMinPartTokens
-                             : warps == 1                               ? kPagedDecodeFewTaskMinPartTokens
-                                                                        : 4 * kPagedDecodeFewTaskMinPartTokens;
-  const int64_t by_length = avg_tokens / min_tokens;
+  const bool few_tasks = kPagedDecodeMaxTokenWarps * one.ctas <= sms;
+  const int64_t by_length =
+      avg_tokens / (few_tasks ? token_factor * kPagedDecodeFewTaskMinPartTokens : kPagedDecodeMinPartTokens);
   for (const int64_t cap : {spread, by_length, per_cta * kPagedDecodeMaxSplits}) {
     if (parts > cap) parts = cap;
   }
@@ -177,10 +185,10 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   // later waves even out (h32_kv4 128 x 2048: 139.4 us at 1 x 4, 148.4 at 2 x 4; the mixed batch
   // too, 147.5 against 149.6). Not without token warps, where a split is what evens out unequal
   // lengths (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
-  if (warps == 1 && one.ctas * per_cta >= int64_t(sms) * kPagedDecodeWarpsPerSm && parts > per_cta) parts = per_cta;
+  if (token_warps_fit && one.ctas * per_cta >= wave && parts > per_cta) parts = per_cta;
   if (parts < 1) parts = 1;
   int token_warps = 1;
-  while (warps == 1 && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;
+  while (token_warps_fit && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;
   return paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim,
                            static_cast<int>(paged_decode_cdiv(parts, token_warps)), token_warps);
 }
