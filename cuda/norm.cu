@@ -17,8 +17,8 @@ constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_m
 
 // Register path: the blockDim.x threads of one threadIdx.y own one row and keep it in registers
 // (VPT vectors of VEC elements per thread), so every element is read once and written once.
-// All loads of a thread (row, residual, weight) are issued back to back before any use: the
-// addresses of out-of-range vectors are clamped to valid ones instead of branched around, so
+// All loads of a thread (row, residual, weight) are issued back to back before any use, each
+// predicated on its vector lying inside the row (zeros otherwise) rather than branched around, so
 // nothing serialises the memory round trips.
 template <typename T, int VEC, int VPT, bool ADD>
 __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormParams p) {
@@ -27,28 +27,32 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   const int group = blockDim.x;
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const int lane = threadIdx.x;
-  const bool active = row < p.rows;
-  const int64_t r = active ? row : 0;  // rows past the end read row 0 and write nothing
+  const bool active = row < p.rows;  // rows past the end load nothing and write nothing
 
-  const T* in = static_cast<const T*>(p.input) + r * p.input_stride;
-  const T* res = static_cast<const T*>(p.residual) + r * p.residual_stride;
-  const T* w = static_cast<const T*>(p.weight);
+  // Column indices and the row length fit in 32 bits: a row held in registers has at most 1024
+  // threads x 8 vectors. (64-bit compares cost twice the instructions, all of them ahead of the
+  // first load.) Each thread's pointers start at its first vector and step by whole groups: one
+  // 64-bit row offset per tensor, then one add per vector (an index per vector made the compiler
+  // redo the 64-bit row multiply for each of them, ahead of the first load).
+  const int hidden = static_cast<int>(p.hidden);
+  const int first = lane * VEC, step = group * VEC;
+  const T* in = static_cast<const T*>(p.input) + row * p.input_stride + first;
+  const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride + first;
+  const T* w = static_cast<const T*>(p.weight) + first;
 
+  // Vectors past the row's end are zeros, so they add nothing to the sum of squares and no branch
+  // sits between the loads and the reduction. The row's vectors go first: the sum waits on them,
+  // the weights only the epilogue.
   Vec<T, VEC> xr[VPT], rr[ADD ? VPT : 1], wr[VPT];
   bool ok[VPT];
-  // Column indices and the row length fit in 32 bits: a row held in registers has at most 1024
-  // threads x 8 vectors. (64-bit compares and clamps cost twice the instructions, all of them
-  // ahead of the first load.)
-  const int hidden = static_cast<int>(p.hidden);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    const int c = (i * group + lane) * VEC;
-    ok[i] = c < hidden;
-    const int cc = ok[i] ? c : 0;
-    xr[i] = load_vec<T, VEC>(in + cc);
-    if constexpr (ADD) rr[i] = load_vec<T, VEC>(res + cc);
-    wr[i] = load_vec_reused<T, VEC>(w + cc);
+    ok[i] = active && first + i * step < hidden;
+    xr[i] = load_vec_or_zero<T, VEC>(in + i * step, ok[i]);
+    if constexpr (ADD) rr[i] = load_vec_or_zero<T, VEC>(res + i * step, ok[i]);
   }
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) wr[i] = load_vec_reused_or_zero<T, VEC>(w + i * step, ok[i]);
 
   // s = x (+ r) in fp32. Recomputed from the raw registers when writing (same bits), which keeps
   // the fp32 copy out of the register budget, except at decode shapes with a residual (below).
@@ -71,7 +75,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   // Those also keep the fp32 sums for the output instead of recomputing them from x and r: as
   // many registers as the raw x and r they replace, and 24 fewer instructions per vector.
   float kept[kEarlyResidual ? VPT : 1][VEC];
-  T* res_out = static_cast<T*>(p.residual_out) + r * p.residual_out_stride;
+  T* res_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride + first;
   // Squares summed in kChains independent chains, folded pairwise at the end: at decode sizes
   // this sum sits between the loads and the reduction, and one chain of VPT * VEC dependent
   // multiply-adds (16 at one row of 4096) was most of that time. Four chains, not one per element:
@@ -85,38 +89,35 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   for (int j = 0; j < kChains; ++j) sq[j] = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
-    if (ok[i]) {
-      float s[VEC];
-      sum_at(i, s);
-      if constexpr (kEarlyResidual) {
-        if (active) store_float<T, VEC>(res_out + (i * group + lane) * VEC, s);
+    float s[VEC];
+    sum_at(i, s);
+    if constexpr (kEarlyResidual) {
+      if (ok[i]) store_float<T, VEC>(res_out + i * step, s);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) kept[i][j] = s[j];
-      }
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sq[j % kChains] += s[j] * s[j];
+      for (int j = 0; j < VEC; ++j) kept[i][j] = s[j];
     }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sq[j % kChains] += s[j] * s[j];
   }
 #pragma unroll
   for (int width = kChains / 2; width > 0; width /= 2) {
 #pragma unroll
     for (int j = 0; j < width; ++j) sq[j] += sq[j + width];
   }
-  // The mean as a product with the row length's reciprocal, worked out while the loads are in
-  // flight: a division here would sit on the critical path (with its slow-path check).
-  const float inv_hidden = 1.f / static_cast<float>(hidden);
+  // The mean as a product with the row length's reciprocal, worked out on the host: on the device
+  // the division (or even a correctly rounded reciprocal, with its slow-path check) was scheduled
+  // after the reduction, on the critical path.
   const float ss = row_sum(sq[0], scratch);
-  const float rstd = rsqrtf(ss * inv_hidden + p.eps);
+  const float rstd = rsqrtf(ss * p.inv_hidden + p.eps);
 
   if (!active) return;
   // y = s * rstd * (w + offset) as s * fma(w, rstd, rstd * offset): two instructions per element
   // instead of three.
   const float rstd_offset = rstd * p.weight_offset;
-  T* out = static_cast<T*>(p.out) + row * p.out_stride;
+  T* out = static_cast<T*>(p.out) + row * p.out_stride + first;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (!ok[i]) continue;
-    const int c = (i * group + lane) * VEC;
     float s[VEC], wv[VEC], y[VEC];
     if constexpr (kEarlyResidual) {
 #pragma unroll
@@ -124,11 +125,11 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
     } else {
       sum_at(i, s);
     }
-    if constexpr (ADD && !kEarlyResidual) store_float<T, VEC>(res_out + c, s);
+    if constexpr (ADD && !kEarlyResidual) store_float<T, VEC>(res_out + i * step, s);
     to_floats(wr[i], wv);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) y[j] = s[j] * fmaf(wv[j], rstd, rstd_offset);
-    store_float<T, VEC>(out + c, y);
+    store_float<T, VEC>(out + i * step, y);
   }
 }
 
@@ -159,9 +160,8 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 #pragma unroll
     for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
   }
-  const float inv_hidden = 1.f / static_cast<float>(p.hidden);  // as the register path does
   ss = row_sum(ss, scratch);
-  const float rstd = rsqrtf(ss * inv_hidden + p.eps);
+  const float rstd = rsqrtf(ss * p.inv_hidden + p.eps);  // as the register path does
 
   const float rstd_offset = rstd * p.weight_offset;  // as the register path does
   const T* w = static_cast<const T*>(p.weight);
@@ -227,7 +227,9 @@ int launch_norm(const NormParams& p, int device, void* stream_ptr) {
   if (p.rows == 0) return 0;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  return dispatch_dtype(p.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, device, stream); });
+  NormParams q = p;
+  q.inv_hidden = 1.f / static_cast<float>(p.hidden);  // correctly rounded, as on the device
+  return dispatch_dtype(q.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(q, device, stream); });
 }
 
 }  // namespace opforge::cuda

@@ -26,6 +26,7 @@ struct NormParams {
   int64_t residual_out_stride = 0;
   float eps = 1e-6f;
   float weight_offset = 0.f;
+  float inv_hidden = 0.f;  // 1 / hidden, filled in by launch_norm
   DType dtype = DType::kFloat32;
   int force_vpt = -1;  // launch-shape override for tuning (see choose_norm_launch); -1 = heuristic
   bool pdl = false;    // programmatic dependent launch (compute capability 9.0+, checked by the caller)

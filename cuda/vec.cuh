@@ -69,6 +69,27 @@ __device__ __forceinline__ Vec<T, N> load_vec_reused(const T* p) {
   return r;
 }
 
+// The same accesses, predicated: zeros where `ok` is false, with no memory access. The choice is
+// made on the raw bits, so it costs one predicated load and a zeroed register (element by
+// element, a 16-bit type would be selected one half-word at a time).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_or_zero(const T* p, bool ok) {
+  typename Vec<T, N>::Bits bits{};
+  if (ok) bits = *reinterpret_cast<const typename Vec<T, N>::Bits*>(p);
+  Vec<T, N> r;
+  memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec_reused_or_zero(const T* p, bool ok) {
+  typename Vec<T, N>::Bits bits{};
+  if (ok) bits = __ldg(reinterpret_cast<const typename Vec<T, N>::Bits*>(p));
+  Vec<T, N> r;
+  memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
 template <typename T, int N>
 __device__ __forceinline__ void to_floats(const Vec<T, N>& raw, float (&out)[N]) {
 #pragma unroll
@@ -128,9 +149,14 @@ __device__ __forceinline__ float row_sum(float v, float* scratch /* >= 32 floats
   const int first = threadIdx.y * warps_per_row;
   if ((threadIdx.x & 31) == 0) scratch[first + (threadIdx.x >> 5)] = v;
   __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < warps_per_row; ++w) total += scratch[first + w];
-  return total;  // scratch is still being read: a second reduction would need a barrier first
+  // Every lane reads one warp's sum and the warp adds them with shuffles: one shared-memory read
+  // and log2(warps) shuffle steps, where a loop over the sums is a read and a dependent add per
+  // warp plus its loop control. Lanes are read in spans of the next power of two, each span a
+  // whole copy (zeros past the last warp), so every lane ends with the total.
+  const int span = 1 << (32 - __clz(warps_per_row - 1));
+  const int w = threadIdx.x & (span - 1);
+  const float mine = w < warps_per_row ? scratch[first + w] : 0.f;
+  return warp_sum(mine, span);  // scratch is still being read: a second reduction would need a barrier first
 }
 
 // Calls f(T{}) with T the device storage type of `dtype`: every launcher's dtype dispatch.
