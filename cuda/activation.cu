@@ -18,8 +18,17 @@ __device__ __forceinline__ float rcp_approx(float x) {
   asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
+// e^x as 2^(x log2 e) by the hardware's approximate exp2, flushing results below 2^-126 to zero:
+// where that happens the caller adds them to 1, which they cannot change, and the flush saves
+// the range check and rescaling that __expf puts on the critical path. (The reciprocal keeps its
+// non-flushing form: its results below 2^-126 still matter after the multiply by x.)
+__device__ __forceinline__ float exp_approx_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+}
 // x * sigmoid(z) = x / (1 + e^-z); e^-z overflowing to inf gives x * 0, the limit.
-__device__ __forceinline__ float times_sigmoid_approx(float x, float z) { return x * rcp_approx(1.f + __expf(-z)); }
+__device__ __forceinline__ float times_sigmoid_approx(float x, float z) { return x * rcp_approx(1.f + exp_approx_ftz(-z)); }
 
 struct Silu {
   // fp32: x * (1 / (1 + e^-x)) with a correctly rounded reciprocal, within an ulp of torch's

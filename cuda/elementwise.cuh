@@ -28,31 +28,39 @@ constexpr int kMapThreads = 256;
 template <typename T, int VEC, int UNROLL, typename Op>
 __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const T* in, const RowwiseShape s, const Op op) {
   wait_for_previous_grid();
-  const int64_t col_step = int64_t(gridDim.x) * blockDim.x * VEC * UNROLL;
-  for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < s.rows; r += int64_t(gridDim.y) * blockDim.y) {
+  // One step: UNROLL vectors of row r from column `base`. Every load first, at clamped addresses
+  // rather than behind branches, so the memory round trips overlap; then compute and store. Each
+  // element is read and written by this thread only, so in-place use stays correct.
+  auto step = [&](int64_t r, int64_t base) {
     const T* in_row = in + r * s.in_stride;
     T* out_row = out + r * s.out_stride;
-    for (int64_t base = (int64_t(blockIdx.x) * blockDim.x * UNROLL + threadIdx.x) * VEC; base < s.cols;
-         base += col_step) {
-      Vec<T, VEC> raw[UNROLL][Op::kLoads];
-      bool ok[UNROLL];
-      // Every load of this step first, at clamped addresses rather than behind branches, so the
-      // memory round trips overlap; then compute and store. Each element is read and written by
-      // this thread only, so in-place use stays correct.
+    Vec<T, VEC> raw[UNROLL][Op::kLoads];
+    bool ok[UNROLL];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int64_t c = base + int64_t(u) * blockDim.x * VEC;
-        ok[u] = c < s.cols;
-        op.template load<T, VEC>(in_row, ok[u] ? c : 0, raw[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        if (!ok[u]) continue;
-        float y[VEC];
-        op.template compute<T, VEC>(raw[u], y);
-        store_float<T, VEC>(out_row + base + int64_t(u) * blockDim.x * VEC, y);
-      }
+    for (int u = 0; u < UNROLL; ++u) {
+      const int64_t c = base + int64_t(u) * blockDim.x * VEC;
+      ok[u] = c < s.cols;
+      op.template load<T, VEC>(in_row, ok[u] ? c : 0, raw[u]);
     }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (!ok[u]) continue;
+      float y[VEC];
+      op.template compute<T, VEC>(raw[u], y);
+      store_float<T, VEC>(out_row + base + int64_t(u) * blockDim.x * VEC, y);
+    }
+  };
+  // The thread's first step runs ahead of the strided loops (which only a grid capped in some
+  // dimension needs): written as their first iteration, its loads waited behind the loops' setup,
+  // and at decode sizes that one step is all a thread does, so its latency is the kernel's.
+  const int64_t first_row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
+  const int64_t first_col = (int64_t(blockIdx.x) * blockDim.x * UNROLL + threadIdx.x) * VEC;
+  if (first_row >= s.rows || first_col >= s.cols) return;
+  step(first_row, first_col);
+  const int64_t row_step = int64_t(gridDim.y) * blockDim.y;
+  const int64_t col_step = int64_t(gridDim.x) * blockDim.x * VEC * UNROLL;
+  for (int64_t r = first_row; r < s.rows; r += row_step) {
+    for (int64_t base = r == first_row ? first_col + col_step : first_col; base < s.cols; base += col_step) step(r, base);
   }
 }
 
