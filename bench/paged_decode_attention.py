@@ -102,6 +102,8 @@ class Case:
         self.last = torch.tensor([n - (p - 1) * self.page_size if p else 1 for n, p in zip(lengths, pages)],
                                  dtype=torch.int32, device=device)
         self.sm_scale = 1 / math.sqrt(self.head_dim)
+        # --max-kv-len: opforge is told the longest request, as a serving loop that knows its batch can.
+        self.max_kv_len = max(lengths) if getattr(args, "max_kv_len", False) else None
         batch = len(lengths)
         cache = (self.num_pages, self.page_size, self.kv_heads, self.head_dim)
         g = torch.Generator(device=device).manual_seed(seed)
@@ -179,7 +181,7 @@ def implementations(case: Case) -> tuple[dict, dict]:
 
     def opforge_fn(s):
         return op(s["q"], s["k"], s["v"], case.indptr, case.indices, case.sm_scale, last, out=s["out"], lse=s["lse"],
-                  skip_check=True)
+                  max_kv_len=case.max_kv_len, skip_check=True)
 
     fns["opforge"] = opforge_fn
     try:
@@ -287,7 +289,7 @@ def run_case(label: str, lengths: list[int], args, ctx) -> dict:
     fns, missing = implementations(case)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if ctx.cuda else 132
     plan = _C.paged_decode_attention_plan(case.batch, case.heads, case.kv_heads, case.head_dim,
-                                          case.indices.numel() * case.page_size, sms)
+                                          case.indices.numel() * case.page_size, sms, max_tokens=case.max_kv_len or 0)
     row = {"label": label, "batch": case.batch, "tokens": sum(lengths), "longest": max(lengths), "bytes": nbytes,
            "n_sets": len(case.sets), "plan": plan, "impls": {}}
     selected = set(args.impls.split(",")) | {"opforge"} if args.impls else set(IMPLS)
@@ -424,7 +426,8 @@ def render(results: dict) -> str:
         f"copy ceiling: {fmt(results['copy_gbps'], 0)} GB/s (2 GiB device-to-device, read + write)\n",
         "Bytes: KV rows read + q + out + lse + page table. Device time by CUDA events, median, inputs rotated "
         "past 2× L2. Check: the Definition's reference on the first 8 requests. opforge: public call with "
-        "skip_check=True; sdpa: on KV gathered beforehand (not timed).\n",
+        f"skip_check=True{', told the longest request (max_kv_len)' if m.get('max_kv_len_hint') else ''}; sdpa: on "
+        "KV gathered beforehand (not timed).\n",
         "## Targets\n",
         "\n".join(target_lines(results["cases"])),
         "\n## Device time, % of copy, check\n",
@@ -446,6 +449,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's; SwT: S "
                                     "splits with T warps of a CTA sharing each slice (2w4)")
+    p.add_argument("--max-kv-len", action="store_true",
+                   help="pass each case's longest request to opforge as max_kv_len (the plan's hint)")
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA where its gathered KV exceeds this")
     p.add_argument("--batches", type=_int_list, default=BATCHES,
                    help=f"comma-separated batch sizes of the grid of uniform cases (default {_csv(BATCHES)}; a dry "
@@ -487,7 +492,7 @@ def case_key(label: str, batch: int, context: int) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     shape_meta = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, page_size=args.page_size,
-                      dtype=args.dtype)
+                      dtype=args.dtype, max_kv_len_hint=args.max_kv_len)
     cuda = start(args, render, **shape_meta)
     if cuda is None:
         return 0

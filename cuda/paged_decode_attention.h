@@ -81,6 +81,11 @@ constexpr int kPagedDecodeSkewParts = 16;
 // The most splits of any plan (a caller may force up to this many).
 constexpr int kPagedDecodeMaxSplits = 128;
 
+// Requests whose lengths are known to be even: the caller's longest (max_tokens) at most
+// kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average.
+constexpr int64_t kPagedDecodeEvenNum = 5;
+constexpr int64_t kPagedDecodeEvenDen = 4;
+
 // Most warps that share one task's slice inside a CTA (head_dim <= 128; one at 256, whose two
 // warps already share each step's dims).
 constexpr int kPagedDecodeMaxTokenWarps = 4;
@@ -149,6 +154,13 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // 9% against their best cut (1 split x 4 warps) for the sake of skewed ones (a 32768-token
 // request among 31 of 512 is 2.5x faster at 16 parts than at 4); batch 1 takes 64 parts at every
 // context.
+// 5. where the caller says how long the longest request is (max_tokens > 0; 0: not known) and
+//    that is within kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average, later waves have
+//    nothing to even out: tasks that give three quarters of the SMs a CTA take no split (the cuts
+//    rules 1-3 hedge with cost uniform batches 4-17%: h32_kv8 32 x 2048 76.3 us at 1 x 4 warps,
+//    82.6 at 4 x 4; h32_kv4 page size 1 64 x 2048 78.3 against 91.6, 64 x 8192 263.5 against
+//    277.1). `tokens` stands for the batch's total here, so a kv_indices buffer much larger than
+//    the pages in use makes the average an overestimate (a slower plan, never a wrong result).
 // Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
 // batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 132 (33 x 4); batch 128 x 64 -> 1 (1 x 1).
@@ -156,7 +168,7 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // -> 32 (8 x 4); batch 128 -> 4 (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x
 // 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
-                                                int64_t head_dim, int64_t tokens, int sms) {
+                                                int64_t head_dim, int64_t tokens, int sms, int64_t max_tokens = 0) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
   const int64_t warps = paged_decode_warps(head_dim);
@@ -186,6 +198,8 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   // too, 147.5 against 149.6). Not without token warps, where a split is what evens out unequal
   // lengths (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
   if (token_warps_fit && one.ctas * per_cta >= wave && parts > per_cta) parts = per_cta;
+  const bool even = max_tokens > 0 && max_tokens * kPagedDecodeEvenDen <= avg_tokens * kPagedDecodeEvenNum;
+  if (even && token_warps_fit && 4 * one.ctas >= 3 * int64_t(sms) && parts > per_cta) parts = per_cta;
   if (parts < 1) parts = 1;
   int token_warps = 1;
   while (token_warps_fit && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;

@@ -368,9 +368,14 @@ ERRORS = {
     "last-page-zero": (set_value("kv_last_page_len", 0, 0), ValueError, ("kv_last_page_len[0] = 0",)),
     "q-list": (changed("q", lambda s: [1.0]), TypeError, ("q", "torch.Tensor", "list")),
     "sm-scale-text": (lambda s: s.update(sm_scale="0.1"), TypeError, ("sm_scale must be a float",)),
+    "max-kv-len-float": (lambda s: s.update(max_kv_len=2048.0), TypeError, ("max_kv_len must be an int or None",)),
+    "max-kv-len-bool": (lambda s: s.update(max_kv_len=True), TypeError, ("max_kv_len must be an int or None",)),
+    "max-kv-len-negative": (lambda s: s.update(max_kv_len=-1), ValueError,
+                            ("max_kv_len = -1", "the longest request's tokens")),
 }
-#: Cases the compiled binding finds (so also with skip_check=True and every backend).
-COMPILED = [n for n in ERRORS if n not in ("q-list", "sm-scale-text")]
+#: Cases the compiled binding finds (so also with skip_check=True and every backend). max_kv_len is
+#: a hint for the CUDA plan: only the Python-level check sees it on CPU tensors.
+COMPILED = [n for n in ERRORS if n not in ("q-list", "sm-scale-text") and not n.startswith("max-kv-len")]
 
 
 @pytest.mark.parametrize("name, skip_check", [pytest.param(n, skip, id=f"{n}{'-skip_check' if skip else ''}")
@@ -464,6 +469,32 @@ def test_plan_heads_and_dims():
     one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most splits
     assert (one["splits"], one["token_warps"]) == (128, 4)
     assert plan(0, 32, 8, 0)["ctas"] == 0
+
+
+def test_plan_with_even_lengths():
+    """A caller that knows its batch's longest request (max_kv_len) lets an even batch skip the
+    splits the plan otherwise hedges with against one long request, once its tasks give three
+    quarters of the SMs a CTA; skewed batches, few tasks and 256 dims (splits only) keep the plan
+    of the shapes."""
+    def cut(batch, hq, hkv, context, max_tokens, head_dim=128, tokens=None):
+        p = plan(batch, hq, hkv, tokens if tokens is not None else batch * context, head_dim=head_dim,
+                 max_tokens=max_tokens)
+        return p["splits"], p["token_warps"]
+    # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048 and 32 x 2048 (128 tasks: 3/4 of 132 SMs).
+    for batch, hkv, context in ((32, 8, 2048), (32, 8, 8192), (64, 4, 2048), (32, 4, 2048)):
+        assert cut(batch, 32, hkv, context, 0) == (4, 4)
+        assert cut(batch, 32, hkv, context, context) == (1, 4)
+        assert cut(batch, 32, hkv, context, context * 5 // 4) == (1, 4)  # the slack: 1.25 x the average
+        assert cut(batch, 32, hkv, context, context * 5 // 4 + 1) == (4, 4)
+    # A long request among short ones (32 x tail: 1520 tokens on average, 32768 at most).
+    assert cut(32, 32, 8, 0, 32768, tokens=32 * 1520) == cut(32, 32, 8, 0, 0, tokens=32 * 1520)
+    # Few tasks (h32_kv8 batch 8: 64 < 99 tasks) and 256 dims keep their plans.
+    assert cut(8, 32, 8, 2048, 2048) == cut(8, 32, 8, 2048, 0)
+    assert cut(32, 16, 8, 2048, 2048, head_dim=256) == cut(32, 16, 8, 2048, 0, head_dim=256)
+    # Batches that already take one split are unchanged.
+    assert cut(128, 32, 8, 2048, 2048) == cut(128, 32, 8, 2048, 0) == (1, 4)
+    with pytest.raises(ValueError, match="max_kv_len = -1"):
+        plan(32, 32, 8, 32 * 2048, max_tokens=-1)
 
 
 def test_forced_plans():
@@ -734,6 +765,27 @@ def test_every_split_count(seed, splits, token_warps, config):
         assert need == 0
     torch.cuda.synchronize()
     check((out, lse), problem, "cuda", seed, f"splits={splits} token_warps={token_warps} {problem.lengths}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hkv, batch, hint", [(8, 32, "exact"), (4, 64, "exact"), (8, 32, "too short"),
+                                              (8, 32, "too long")], ids=str)
+def test_cuda_max_kv_len_changes_only_the_plan(seed, hkv, batch, hint):
+    """max_kv_len picks the cut, not the result: even batches with the true longest length, and
+    batches told a wrong one (too short, so skewed ones lose the splits they need; too long), all
+    match the CPU op."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [2048] * batch if hint == "exact" else torch.randint(1, 4096, (batch,), generator=gen).tolist()
+    if hint == "too short":
+        lengths[0] = 20000
+    problem = Problem(gen, lengths, 32, hkv, 128, 16, torch.bfloat16)
+    max_kv_len = {"exact": max(lengths), "too short": 2048, "too long": 1 << 40}[hint]
+    got = run(problem, "cuda", max_kv_len=max_kv_len)
+    cpu = opforge.paged_decode_attention(*problem.args(), **problem.kwargs())
+    scale = float(cpu[0].float().abs().max())
+    assert_close(got[0].cpu(), cpu[0].double(), dtype=torch.bfloat16, rtol=2e-2, atol=2e-2 * scale,
+                 what=f"cuda vs cpu {replay(seed)}")
+    assert_close(got[1].cpu(), cpu[1].double(), dtype=torch.float32, rtol=1e-4, atol=1e-3, what="lse")
 
 
 @pytest.mark.gpu

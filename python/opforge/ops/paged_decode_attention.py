@@ -134,20 +134,20 @@ def _layout_problem(k_cache, kv_indptr, kv_indices, kv_last_page_len) -> Optiona
 
 
 def _run(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale: float,
-         backend: str) -> None:
+         backend: str, max_tokens: int = 0) -> None:
     # The binding validates dtypes, shapes, strides, devices, storages and aliasing (and, for
     # CPU tensors, the layout's values) before anything runs; for the "torch" backend it only
     # validates (launch=False), then the formula computes.
     launch = backend != "torch"
     stream = cuda_stream(q.get_device()) if launch and q.is_cuda else 0
     need = _C.paged_decode_attention(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, None,
-                                     sm_scale, stream, launch)
+                                     sm_scale, stream, launch, max_tokens=max_tokens)
     if need:
         # The CUDA plan splits the requests' tokens: fp32 partials in a workspace from torch's
         # allocator (on this stream, so capture and reuse are safe).
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
         _C.paged_decode_attention(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, workspace,
-                                  sm_scale, stream, launch)
+                                  sm_scale, stream, launch, max_tokens=max_tokens)
     if not launch:
         if q.is_cuda:  # the formula indexes with these values: never with invalid ones
             problem = _layout_problem(k_cache, kv_indptr, kv_indices, kv_last_page_len)
@@ -188,12 +188,13 @@ def _outputs(q, out, lse) -> tuple:
 @torch.library.custom_op(f"{LIBRARY}::paged_decode_attention", mutates_args=("out", "lse"))
 def _paged_decode_op(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, kv_indptr: torch.Tensor, kv_indices: torch.Tensor,
-                     kv_last_page_len: Optional[torch.Tensor], sm_scale: float) -> None:
-    _run(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, "auto")
+                     kv_last_page_len: Optional[torch.Tensor], sm_scale: float, max_tokens: int = 0) -> None:
+    _run(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale, "auto", max_tokens)
 
 
 @_paged_decode_op.register_fake
-def _paged_decode_fake(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale) -> None:
+def _paged_decode_fake(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, sm_scale,
+                       max_tokens=0) -> None:
     ok = q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape and kv_indptr.dim() == 1
     if ok:
         batch, num_qo_heads, head_dim = q.shape
@@ -210,10 +211,11 @@ def _paged_decode_fake(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_
 
 
 def _traced(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, kv_last_page_len=None, *, out=None,
-            lse=None, backend="auto"):
+            lse=None, max_kv_len=None, backend="auto"):
     refuse_grad(_ARGS, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, lse), _PREFIX)
     out, lse = _outputs(q, out, lse)
-    _paged_decode_op(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, _scale(q, sm_scale))
+    _paged_decode_op(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, _scale(q, sm_scale),
+                     max_kv_len or 0)
     return out, lse
 
 
@@ -236,10 +238,16 @@ _BACKENDS = {"cuda": _cuda_check, "cpu": cpu_check, "torch": torch_check}
 
 
 def _check(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, kv_last_page_len=None, *, out=None, lse=None,
-           backend="auto"):
+           max_kv_len=None, backend="auto"):
     check_tensors(_ARGS, (q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, lse), 5)
     if sm_scale is not None:
         check_float("sm_scale", sm_scale)
+    if max_kv_len is not None:
+        if isinstance(max_kv_len, bool) or not isinstance(max_kv_len, int):
+            raise TypeError(f"max_kv_len must be an int or None, got {type(max_kv_len).__name__}")
+        if not 0 <= max_kv_len < 2**63:
+            raise ValueError(f"max_kv_len = {max_kv_len}; accepted: the longest request's tokens, 0 .. 2**63 - 1 "
+                             "(None or 0: not known)")
     # CPU layouts are read by the binding; a CUDA one costs a synchronisation, which capture forbids.
     if q.is_cuda and not torch.cuda.is_current_stream_capturing():
         problem = _layout_problem(k_cache, kv_indptr, kv_indices, kv_last_page_len)
@@ -254,7 +262,7 @@ def _check(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale=None, kv_last_pa
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_indptr: torch.Tensor,
                            kv_indices: torch.Tensor, sm_scale: Optional[float] = None,
                            kv_last_page_len: Optional[torch.Tensor] = None, *, out: Optional[torch.Tensor] = None,
-                           lse: Optional[torch.Tensor] = None,
+                           lse: Optional[torch.Tensor] = None, max_kv_len: Optional[int] = None,
                            backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """GQA decode attention over a paged KV cache; returns ``(out, lse)`` (see the module doc for
     the layout, the arithmetic and the checks).
@@ -263,12 +271,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     head_dim] (fp16 or bf16, head_dim 64/128/256); kv_indptr [batch + 1], kv_indices,
     kv_last_page_len [batch] (optional): int32. sm_scale defaults to 1 / sqrt(head_dim).
     out: optional preallocated [batch, num_qo_heads, head_dim] in q's dtype; lse: optional
-    [batch, num_qo_heads] float32 (base-2 log-sum-exp). backend: "auto" (the kernel for the
+    [batch, num_qo_heads] float32 (base-2 log-sum-exp). max_kv_len: the longest request's tokens,
+    if the caller knows it (as a serving loop that schedules the batch does; flash-attn's
+    max_seqlen_k): the CUDA plan reads no lengths from the GPU, so with it a batch of even
+    lengths is cut for its own sake instead of hedging against one long request. Only the speed
+    depends on it: any value gives the same results. backend: "auto" (the kernel for the
     tensors' device), "cuda", "cpu" or "torch" (plain PyTorch). skip_check=True skips the
     Python-level checks, including the synchronising check of a CUDA layout's values.
 
     >>> out, lse = opforge.paged_decode_attention(q, k_cache, v_cache, kv_indptr, kv_indices)
     """
     out, lse = _outputs(q, out, lse)
-    _run(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, _scale(q, sm_scale), backend)
+    _run(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, _scale(q, sm_scale), backend,
+         max_kv_len or 0)
     return out, lse
