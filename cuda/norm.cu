@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
     if constexpr (ADD) rr[i] = load_vec_or_zero<T, VEC>(res + i * step, ok[i]);
   }
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) wr[i] = load_vec_reused_or_zero<T, VEC>(w + i * step, ok[i]);
+  for (int i = 0; i < VPT; ++i) wr[i] = load_vec_or_zero<T, VEC, true>(w + i * step, ok[i]);
 
   // s = x (+ r) in fp32. Recomputed from the raw registers when writing (same bits), which keeps
   // the fp32 copy out of the register budget, except at decode shapes with a residual (below).

@@ -69,22 +69,14 @@ __device__ __forceinline__ Vec<T, N> load_vec_reused(const T* p) {
   return r;
 }
 
-// The same accesses, predicated: zeros where `ok` is false, with no memory access. The choice is
-// made on the raw bits, so it costs one predicated load and a zeroed register (element by
-// element, a 16-bit type would be selected one half-word at a time).
-template <typename T, int N>
+// The same accesses, predicated: zeros where `ok` is false, with no memory access (kReused: the
+// read-only-cache access). The choice is made on the raw bits, so it costs one predicated load and
+// a zeroed register (element by element, a 16-bit type would be selected one half-word at a time).
+template <typename T, int N, bool kReused = false>
 __device__ __forceinline__ Vec<T, N> load_vec_or_zero(const T* p, bool ok) {
-  typename Vec<T, N>::Bits bits{};
-  if (ok) bits = *reinterpret_cast<const typename Vec<T, N>::Bits*>(p);
-  Vec<T, N> r;
-  memcpy(&r, &bits, sizeof(r));
-  return r;
-}
-
-template <typename T, int N>
-__device__ __forceinline__ Vec<T, N> load_vec_reused_or_zero(const T* p, bool ok) {
-  typename Vec<T, N>::Bits bits{};
-  if (ok) bits = __ldg(reinterpret_cast<const typename Vec<T, N>::Bits*>(p));
+  using Bits = typename Vec<T, N>::Bits;
+  Bits bits{};
+  if (ok) bits = kReused ? __ldg(reinterpret_cast<const Bits*>(p)) : *reinterpret_cast<const Bits*>(p);
   Vec<T, N> r;
   memcpy(&r, &bits, sizeof(r));
   return r;
