@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(kNvfp4Threads + 32, kNvfp4BulkBlocksPerSm)
   const int chunks = static_cast<int>((nv + v - 1) >> v_log2);  // stages per task
   const uint32_t row_groups = static_cast<uint32_t>((p.m + rows - 1) / rows);
   const uint32_t tasks = row_groups * static_cast<uint32_t>(p.l);
-  // Stage layout: A [rows][v] vectors, scale_a [rows][v] pairs, B [v] vectors, scale_b [v] pairs.
+  // Stage layout: A [rows][n] vectors, scale_a [rows][n] pairs (n <= v: the chunk's vectors, so
+  // that whole rows of a row-major A are one run), B [v] vectors, scale_b [v] pairs.
   const uint32_t a_bytes = rows * v * 16, sa_bytes = rows * v * 2, b_bytes = v * 16;
   const uint32_t stage_bytes = a_bytes + sa_bytes + b_bytes + v * 2;
   const uint32_t base = smem_addr(stages);
@@ -488,9 +489,19 @@ __global__ void __launch_bounds__(kNvfp4Threads + 32, kNvfp4BulkBlocksPerSm)
         const uint32_t n = static_cast<uint32_t>(min64(v, nv - v0));  // vectors of this chunk: a multiple of 8
         const uint32_t dst = base + s * stage_bytes;
         barrier_arrive_expect(full + 8 * s, (here + 1) * n * 18);
-        for (int r = 0; r < here; ++r) {
-          bulk_copy(dst + r * v * 16, a + r * p.a_stride_m + v0 * 16, n * 16, full + 8 * s);
-          bulk_copy(dst + a_bytes + r * v * 2, sa + r * p.sa_stride_m + v0 * 2, n * 2, full + 8 * s);
+        // Rows lie n vectors apart in the stage: where the chunk is whole rows and the rows are
+        // back to back in memory (seed 003's layout), the task's rows come in one copy.
+        if (n == nv && p.a_stride_m == int64_t(n) * 16) {
+          bulk_copy(dst, a + v0 * 16, here * n * 16, full + 8 * s);
+        } else {
+          for (int r = 0; r < here; ++r) bulk_copy(dst + r * n * 16, a + r * p.a_stride_m + v0 * 16, n * 16, full + 8 * s);
+        }
+        if (n == nv && p.sa_stride_m == int64_t(n) * 2) {
+          bulk_copy(dst + a_bytes, sa + v0 * 2, here * n * 2, full + 8 * s);
+        } else {
+          for (int r = 0; r < here; ++r) {
+            bulk_copy(dst + a_bytes + r * n * 2, sa + r * p.sa_stride_m + v0 * 2, n * 2, full + 8 * s);
+          }
         }
         bulk_copy(dst + a_bytes + sa_bytes, b + v0 * 16, n * 16, full + 8 * s);
         bulk_copy(dst + a_bytes + sa_bytes + b_bytes, sb + v0 * 2, n * 2, full + 8 * s);
@@ -522,8 +533,8 @@ __global__ void __launch_bounds__(kNvfp4Threads + 32, kNvfp4BulkBlocksPerSm)
 #pragma unroll
         for (int j = 0; j < RPT; ++j) {
           const int r = slot + j * slots;
-          const float2 sum = dec.block_sums(*reinterpret_cast<const uint4*>(st + (r * v + pos) * 16), db);
-          const float2 sa = e4m3x2_to_float2(*reinterpret_cast<const unsigned short*>(st + a_bytes + (r * v + pos) * 2));
+          const float2 sum = dec.block_sums(*reinterpret_cast<const uint4*>(st + (r * n + pos) * 16), db);
+          const float2 sa = e4m3x2_to_float2(*reinterpret_cast<const unsigned short*>(st + a_bytes + (r * n + pos) * 2));
           acc[j] = fmaf(sum.x * sa.x, sb.x, acc[j]);  // as the kernel above: exact products, one rounding
           acc[j] = fmaf(sum.y * sa.y, sb.y, acc[j]);
         }
