@@ -328,6 +328,10 @@ nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group
   d["blocks_per_sm"] = plan.blocks_per_sm;
   d["blocks"] = plan.blocks;
   d["workspace"] = cuda::nvfp4_gemv_workspace_elems(plan, m, l);
+  // The bulk-copy kernel's geometry for this K (when forced: nvfp4_gemv.h).
+  d["bulk_vectors"] = cuda::nvfp4_bulk_vectors(k);
+  d["bulk_rows"] = cuda::nvfp4_bulk_rows(k);
+  d["bulk_smem"] = cuda::nvfp4_bulk_smem_bytes(k);
   return d;
 }
 

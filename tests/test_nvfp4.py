@@ -625,6 +625,17 @@ def test_bulk_kernel_refusals(case):
     assert torch.isnan(out).all()
 
 
+def test_bulk_geometry():
+    """Every K the bulk kernel takes gets a stage of 256 threads x 4 rows' vectors, whole 16-byte
+    parts, and two CTAs' shared memory within a Hopper SM's 227 KiB."""
+    for k in range(256, 65536 + 1, 256):
+        p = _C.nvfp4_gemv_plan(64, k, 1, 132)
+        v, rows = p["bulk_vectors"], p["bulk_rows"]
+        assert v in (8, 16, 32, 64, 128, 256) and (v == 256 or v >= k // 32), (k, v)
+        assert rows * v == 256 * 4, (k, rows, v)
+        assert 2 * (p["bulk_smem"] + 128) <= 227 * 1024, (k, p["bulk_smem"])
+
+
 def test_bulk_values():
     problem = random_problem(seeded(1), 4, 256, 1, *regime_ranges("balanced", 256))
     a, b, sa, sb = problem.args()
