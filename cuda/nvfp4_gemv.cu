@@ -253,6 +253,36 @@ __device__ __forceinline__ unsigned short load_scale_b(const uint8_t* p) {
 
 // --- kernels ----------------------------------------------------------------------------------
 
+// Each of R sums over the `group` threads that share a task (a power of two; more than 32 are
+// whole warps of the block): lanes of a warp by shuffles, then the warps' sums through shared
+// memory, added in warp order, between two calls of `barrier` (which every thread that holds a
+// sum must reach). Fixed orders: results do not vary between runs.
+template <int R, typename Barrier>
+__device__ __forceinline__ void sum_over_group(float (&acc)[R], int group, float (&partial)[kNvfp4Threads / 32][R],
+                                               Barrier barrier) {
+  const int width = group < 32 ? group : 32;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    for (int offset = width >> 1; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset, width);
+  }
+  if (group > 32) {
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) partial[warp][r] = acc[r];
+    }
+    barrier();
+    const int first_warp = warp & ~((group >> 5) - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float s = 0.f;
+      for (int w = 0; w < (group >> 5); ++w) s += partial[first_warp + w][r];
+      acc[r] = s;
+    }
+    barrier();  // every warp has read `partial` before the next task writes it
+  }
+}
+
 // A group of `group` threads computes a task: ROWS rows of one batch over one slice of K (the
 // plan in nvfp4_gemv.h); the groups of the (resident) grid loop over the tasks. WIDE: every row
 // of A and B starts 16-byte aligned and every scale row 2-byte aligned (always so for tensors
@@ -277,7 +307,6 @@ __global__ void __launch_bounds__(kNvfp4Threads, BPS)
   const uint32_t tasks = row_groups_per_batch * static_cast<uint32_t>(p.l) * static_cast<uint32_t>(splits);
   const int64_t nv = p.k / kNvfp4VectorElems;
   const int64_t per_slice = (nv + splits - 1) / splits;
-  const int width = group < 32 ? group : 32;
   const Decoder dec = make_decoder();
 
   // Tasks are dealt to blocks in turn (task = round + group's index * blocks + block), so that
@@ -346,31 +375,7 @@ __global__ void __launch_bounds__(kNvfp4Threads, BPS)
       }
     }
 
-    // Sum over the group: lanes of a warp by shuffles, then (groups wider than a warp) the warps'
-    // sums through shared memory, added in warp order. Fixed orders: results do not vary between
-    // runs.
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      for (int offset = width >> 1; offset > 0; offset >>= 1) {
-        acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset, width);
-      }
-    }
-    if (group > 32) {
-      const int warp = threadIdx.x >> 5;
-      if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) partial[warp][r] = acc[r];
-      }
-      __syncthreads();
-      const int first_warp = warp & ~((group >> 5) - 1);
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        float s = 0.f;
-        for (int w = 0; w < (group >> 5); ++w) s += partial[first_warp + w][r];
-        acc[r] = s;
-      }
-      __syncthreads();  // every warp has read `partial` before the next task writes it
-    }
+    sum_over_group(acc, group, partial, [] { __syncthreads(); });
     if (active && lane == 0) {
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
@@ -419,14 +424,13 @@ __device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
 }
 
 __device__ __forceinline__ void barrier_arrive(uint32_t bar) {
-  uint64_t state;
-  asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(bar) : "memory");
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}" ::"r"(bar) : "memory");
 }
 
 // The producer's arrival on a stage's full barrier, announcing the bytes its copies will bring.
 __device__ __forceinline__ void barrier_arrive_expect(uint32_t bar, uint32_t bytes) {
-  uint64_t state;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(state) : "r"(bar), "r"(bytes) : "memory");
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}" ::"r"(bar), "r"(bytes)
+               : "memory");
 }
 
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
@@ -511,7 +515,6 @@ __global__ void __launch_bounds__(kNvfp4Threads + 32, kNvfp4BulkBlocksPerSm)
   }
 
   const int pos = threadIdx.x & (v - 1), slot = threadIdx.x >> v_log2;
-  const int width = v < 32 ? v : 32;
   const Decoder dec = make_decoder();
   uint32_t it = 0;
   for (uint32_t task = blockIdx.x; task < tasks; task += gridDim.x) {
@@ -542,27 +545,8 @@ __global__ void __launch_bounds__(kNvfp4Threads + 32, kNvfp4BulkBlocksPerSm)
       __syncwarp();
       if (lane == 0) barrier_arrive(empty + 8 * s);
     }
-    // A row's sum over the v threads of its slot: lanes by shuffles, then (v > 32) the warps'
-    // sums through shared memory in warp order, between barriers of the consumer warps only.
-#pragma unroll
-    for (int j = 0; j < RPT; ++j) {
-      for (int offset = width >> 1; offset > 0; offset >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], offset, width);
-    }
-    if (v > 32) {
-      if (lane == 0) {
-#pragma unroll
-        for (int j = 0; j < RPT; ++j) partial[warp][j] = acc[j];
-      }
-      asm volatile("bar.sync 1, %0;" ::"n"(kNvfp4Threads) : "memory");
-      const int first_warp = warp & ~((v >> 5) - 1);
-#pragma unroll
-      for (int j = 0; j < RPT; ++j) {
-        float sum = 0.f;
-        for (int w = 0; w < (v >> 5); ++w) sum += partial[first_warp + w][j];
-        acc[j] = sum;
-      }
-      asm volatile("bar.sync 1, %0;" ::"n"(kNvfp4Threads) : "memory");  // read before the next task writes
-    }
+    // A row's sum over the v threads of its slot, the barrier over the consumer warps only.
+    sum_over_group(acc, v, partial, [] { asm volatile("bar.sync 1, %0;" ::"n"(kNvfp4Threads) : "memory"); });
     if (pos == 0) {
 #pragma unroll
       for (int j = 0; j < RPT; ++j) {
