@@ -22,10 +22,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <initializer_list>
 #include <utility>
 
 #include "device.h"
+#include "launch.cuh"
 #include "nvfp4_gemv.h"
 #include "vec.cuh"
 
@@ -570,16 +570,6 @@ void launch_rows(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, bool wide,
   }
 }
 
-// Whether a pointer and the strides of the dimensions that are walked (size > 1) keep every row
-// on `align` bytes.
-bool rows_aligned(const void* ptr, int64_t align, std::initializer_list<std::pair<int64_t, int64_t>> dims) {
-  if (reinterpret_cast<uintptr_t>(ptr) % align != 0) return false;
-  for (const auto& [size, stride] : dims) {
-    if (size > 1 && stride % align != 0) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 bool nvfp4_gemv_bulk_runs_on(int device) {
@@ -587,11 +577,7 @@ bool nvfp4_gemv_bulk_runs_on(int device) {
   return memo.get(device, [device] {
     if (compute_capability(device) < 90) return -1;
     DeviceGuard guard(device);
-    cudaFuncAttributes attr{};
-    const bool yes = cudaFuncGetAttributes(&attr, nvfp4_gemv_bulk_kernel<kNvfp4BulkRowsPerThread>) == cudaSuccess &&
-                     attr.binaryVersion >= 90;
-    if (!yes) cudaGetLastError();  // not a launch's error
-    return yes ? 1 : -1;
+    return image_built_for_sm90<nvfp4_gemv_bulk_kernel<kNvfp4BulkRowsPerThread>>(device) ? 1 : -1;
   }) > 0;
 }
 
@@ -626,10 +612,7 @@ int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int d
   if (plan.splits > 1 && p.workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const bool wide = rows_aligned(p.a, 16, {{p.m, p.a_stride_m}, {p.l, p.a_stride_l}}) &&
-                    rows_aligned(p.b, 16, {{p.l, p.b_stride_l}}) &&
-                    rows_aligned(p.scale_a, 2, {{p.m, p.sa_stride_m}, {p.l, p.sa_stride_l}}) &&
-                    rows_aligned(p.scale_b, 2, {{p.l, p.sb_stride_l}});
+  const bool wide = nvfp4_rows_aligned(p, 16, 2);
   switch (plan.rows) {
     case 1: launch_rows<1>(p, plan, wide, stream); break;
     case 2: launch_rows<2>(p, plan, wide, stream); break;

@@ -144,6 +144,21 @@ inline int64_t nvfp4_gemv_workspace_elems(const Nvfp4GemvPlan& plan, int64_t m, 
 // p.workspace must hold nvfp4_gemv_workspace_elems(plan, ...) floats.
 int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int device, void* stream);
 
+// Whether every row (along K) of a and b starts on `fp4_align` bytes and every row of both scales
+// on `scale_align` bytes: the pointers and the strides of the dimensions that are walked (size > 1).
+// An alignment of 0 leaves those operands out.
+inline bool nvfp4_rows_aligned(const Nvfp4GemvParams& p, int64_t fp4_align, int64_t scale_align) {
+  auto aligned = [](int64_t align, const void* ptr, int64_t size_m, int64_t stride_m, int64_t size_l,
+                    int64_t stride_l) {
+    return align == 0 || (reinterpret_cast<uintptr_t>(ptr) % align == 0 && (size_m <= 1 || stride_m % align == 0) &&
+                          (size_l <= 1 || stride_l % align == 0));
+  };
+  return aligned(fp4_align, p.a, p.m, p.a_stride_m, p.l, p.a_stride_l) &&
+         aligned(fp4_align, p.b, 1, 0, p.l, p.b_stride_l) &&
+         aligned(scale_align, p.scale_a, p.m, p.sa_stride_m, p.l, p.sa_stride_l) &&
+         aligned(scale_align, p.scale_b, 1, 0, p.l, p.sb_stride_l);
+}
+
 // --- the bulk-copy kernel (sm_90 and newer) ---------------------------------------------------
 //
 // A different way to stream A: one thread of a producer warp copies whole row chunks of A, their
@@ -183,16 +198,8 @@ inline int64_t nvfp4_bulk_smem_bytes(int64_t k) {
 // and both scales 16-byte aligned.
 inline const char* nvfp4_gemv_bulk_problem(const Nvfp4GemvParams& p) {
   if (p.k % 256 != 0) return "K a multiple of 256";
-  auto aligned = [](const void* ptr, int64_t size_m, int64_t stride_m, int64_t size_l, int64_t stride_l) {
-    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (size_m <= 1 || stride_m % 16 == 0) &&
-           (size_l <= 1 || stride_l % 16 == 0);
-  };
-  if (!aligned(p.a, p.m, p.a_stride_m, p.l, p.a_stride_l) || !aligned(p.b, 1, 0, p.l, p.b_stride_l)) {
-    return "every row of a and b to start on 16 bytes";
-  }
-  if (!aligned(p.scale_a, p.m, p.sa_stride_m, p.l, p.sa_stride_l) || !aligned(p.scale_b, 1, 0, p.l, p.sb_stride_l)) {
-    return "every row of scale_a and scale_b to start on 16 bytes";
-  }
+  if (!nvfp4_rows_aligned(p, 16, 0)) return "every row of a and b to start on 16 bytes";
+  if (!nvfp4_rows_aligned(p, 0, 16)) return "every row of scale_a and scale_b to start on 16 bytes";
   return "";
 }
 

@@ -143,9 +143,16 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
 //    four SMs, kPagedDecodeFewTaskMinPartTokens, x kPagedDecodeSplitTokenFactor for splits alone);
 //    kPagedDecodeMaxSplits splits;
-// 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without.
-//    (Forced cuts with 8 token warps, bench/results/2026-11-27_h200_*_paged_decode_token_warps8/:
-//    better on skewed batches at 32 parts, worse on uniform ones at the 16 the plan hedges with.)
+// 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without, and
+//    where the caller says how long the longest request is (max_tokens > 0; 0: not known), that
+//    is within kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average, and the tasks give three
+//    quarters of the SMs a CTA: later waves have nothing to even out then (the cuts rules 1-3
+//    hedge with cost uniform batches 4-17%: h32_kv8 32 x 2048 76.3 us at 1 x 4 warps, 82.6 at
+//    4 x 4; h32_kv4 page size 1 64 x 2048 78.3 against 91.6). `tokens` stands for the batch's
+//    total there, so a kv_indices buffer much larger than the pages in use makes the average an
+//    overestimate (a slower plan, never a wrong result). (Forced cuts with 8 token warps,
+//    bench/results/2026-11-27_h200_*_paged_decode_token_warps8/: better on skewed batches at 32
+//    parts, worse on uniform ones at the 16 the plan hedges with.)
 // Up to four parts are warps of one CTA (head_dim <= 128), the rest splits across CTAs: warps
 // that share a CTA's slice need no second kernel, and one with an empty run costs little.
 // Measured on an H200 against every forced cut up to 4 splits x 4 warps
@@ -154,13 +161,6 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // 9% against their best cut (1 split x 4 warps) for the sake of skewed ones (a 32768-token
 // request among 31 of 512 is 2.5x faster at 16 parts than at 4); batch 1 takes 64 parts at every
 // context.
-// 5. where the caller says how long the longest request is (max_tokens > 0; 0: not known) and
-//    that is within kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average, later waves have
-//    nothing to even out: tasks that give three quarters of the SMs a CTA take no split (the cuts
-//    rules 1-3 hedge with cost uniform batches 4-17%: h32_kv8 32 x 2048 76.3 us at 1 x 4 warps,
-//    82.6 at 4 x 4; h32_kv4 page size 1 64 x 2048 78.3 against 91.6, 64 x 8192 263.5 against
-//    277.1). `tokens` stands for the batch's total here, so a kv_indices buffer much larger than
-//    the pages in use makes the average an overestimate (a slower plan, never a wrong result).
 // Examples on 132 SMs, h32_kv8_d128: batch 128 x 2048 tokens -> 4 parts (1 split x 4 warps);
 // batch 32 x 2048 -> 16 (4 x 4); batch 32 x 512 -> 4 (1 x 4); batch 8 x 8192 -> 16 (4 x 4);
 // batch 1 x 512 .. 8192 -> 64 (16 x 4), x 32768 -> 132 (33 x 4); batch 128 x 64 -> 1 (1 x 1).
@@ -193,13 +193,14 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   for (const int64_t cap : {spread, by_length, per_cta * kPagedDecodeMaxSplits}) {
     if (parts > cap) parts = cap;
   }
-  // Tasks whose token warps alone fill a wave take no split: its merge pass costs more than the
-  // later waves even out (h32_kv4 128 x 2048: 139.4 us at 1 x 4, 148.4 at 2 x 4; the mixed batch
-  // too, 147.5 against 149.6). Not without token warps, where a split is what evens out unequal
-  // lengths (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
-  if (token_warps_fit && one.ctas * per_cta >= wave && parts > per_cta) parts = per_cta;
+  // Rule 4: no split where there is nothing for one to even out, as its merge pass costs more than
+  // later waves gain: tasks whose token warps alone fill a wave (h32_kv4 128 x 2048: 139.4 us at
+  // 1 x 4, 148.4 at 2 x 4; the mixed batch too, 147.5 against 149.6), or lengths the caller says
+  // are even. Not without token warps, where a split is what evens out unequal lengths
+  // (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
   const bool even = max_tokens > 0 && max_tokens * kPagedDecodeEvenDen <= avg_tokens * kPagedDecodeEvenNum;
-  if (even && token_warps_fit && 4 * one.ctas >= 3 * int64_t(sms) && parts > per_cta) parts = per_cta;
+  const bool fills = one.ctas * per_cta >= wave || (even && 4 * one.ctas >= 3 * int64_t(sms));
+  if (token_warps_fit && fills && parts > per_cta) parts = per_cta;
   if (parts < 1) parts = 1;
   int token_warps = 1;
   while (token_warps_fit && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;
