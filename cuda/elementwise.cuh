@@ -24,22 +24,29 @@ struct RowwiseShape {
 constexpr int kMapThreads = 256;
 
 // x (block and grid) strides over the columns of a row, y over rows; short rows put several
-// rows in one block (blockDim.y > 1) so no block is mostly idle.
-template <typename T, int VEC, int UNROLL, typename Op>
+// rows in one block (blockDim.y > 1) so no block is mostly idle. kOnce: the grid covers the
+// problem (each thread makes one step, no loops) and every offset fits in 31 bits, so the
+// indices are 32-bit; at decode sizes that one step is the whole kernel, and the instructions
+// before its loads are its latency (a bf16 scale: 28 instructions before the load instead of 39,
+// and no loop after the store; on an H200 1 x 4096 took 1.15 us per call instead of 1.24, and
+// silu_and_mul 1 x 14336 1.24 instead of 1.36).
+template <typename T, int VEC, int UNROLL, bool kOnce, typename Op>
 __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const T* in, const RowwiseShape s, const Op op) {
   wait_for_previous_grid();
   // One step: UNROLL vectors of row r from column `base`. Every load first, at clamped addresses
   // rather than behind branches, so the memory round trips overlap; then compute and store. Each
   // element is read and written by this thread only, so in-place use stays correct.
-  auto step = [&](int64_t r, int64_t base) {
-    const T* in_row = in + r * s.in_stride;
-    T* out_row = out + r * s.out_stride;
+  auto step = [&](auto r, auto base) {
+    using I = decltype(base);
+    const T* in_row = in + r * static_cast<I>(s.in_stride);
+    T* out_row = out + r * static_cast<I>(s.out_stride);
+    const I cols = static_cast<I>(s.cols);
     Vec<T, VEC> raw[UNROLL][Op::kLoads];
     bool ok[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int64_t c = base + int64_t(u) * blockDim.x * VEC;
-      ok[u] = c < s.cols;
+      const I c = base + static_cast<I>(u * blockDim.x * VEC);
+      ok[u] = c < cols;
       op.template load<T, VEC>(in_row, ok[u] ? c : 0, raw[u]);
     }
 #pragma unroll
@@ -47,12 +54,17 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
       if (!ok[u]) continue;
       float y[VEC];
       op.template compute<T, VEC>(raw[u], y);
-      store_float<T, VEC>(out_row + base + int64_t(u) * blockDim.x * VEC, y);
+      store_float<T, VEC>(out_row + base + static_cast<I>(u * blockDim.x * VEC), y);
     }
   };
+  if constexpr (kOnce) {
+    const int r = blockIdx.y * blockDim.y + threadIdx.y;
+    const int c = (blockIdx.x * blockDim.x * UNROLL + threadIdx.x) * VEC;
+    if (r < static_cast<int>(s.rows) && c < static_cast<int>(s.cols)) step(r, c);
+    return;
+  }
   // The thread's first step runs ahead of the strided loops (which only a grid capped in some
-  // dimension needs): written as their first iteration, its loads waited behind the loops' setup,
-  // and at decode sizes that one step is all a thread does, so its latency is the kernel's.
+  // dimension needs): written as their first iteration, its loads waited behind the loops' setup.
   const int64_t first_row = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
   const int64_t first_col = (int64_t(blockIdx.x) * blockDim.x * UNROLL + threadIdx.x) * VEC;
   if (first_row >= s.rows || first_col >= s.cols) return;
@@ -86,8 +98,14 @@ int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, in
   int64_t ty = kMapThreads / tx;
   if (spread) ty = std::clamp<int64_t>((s.rows * gx + sms - 1) / sms, 1, ty);  // about one block per SM
   const int64_t gy = std::min<int64_t>((s.rows + ty - 1) / ty, 65535);
-  const cudaError_t err = launch_kernel(rowwise_map_kernel<T, VEC, UNROLL, Op>, dim3(unsigned(gx), unsigned(gy)),
-                                        dim3(unsigned(tx), unsigned(ty)), 0, stream, pdl, out, in, s, op);
+  // One step per thread where the grid covers the problem and every offset (the last row's
+  // start plus a row, rounded up to whole steps) stays below 2^31.
+  const int64_t reach = (s.rows - 1) * std::max(s.in_stride, s.out_stride) + gx * tx * VEC * UNROLL;
+  const bool once = gy * ty >= s.rows && gx * tx * VEC * UNROLL >= s.cols && reach < INT32_MAX;
+  const dim3 grid{unsigned(gx), unsigned(gy)}, block{unsigned(tx), unsigned(ty)};
+  void (*kernel)(T*, const T*, const RowwiseShape, const Op) =
+      once ? rowwise_map_kernel<T, VEC, UNROLL, true, Op> : rowwise_map_kernel<T, VEC, UNROLL, false, Op>;
+  const cudaError_t err = launch_kernel(kernel, grid, block, 0, stream, pdl, out, in, s, op);
   return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
 }
 
