@@ -63,9 +63,9 @@ SMALL_SHAPES = [(128, 7168, 1), (256, 7168, 1), (256, 7168, 8)]
 DRY_SHAPES = [(64, 128, 2), (130, 256, 1)]
 TARGET_PCT = 80.0
 MAX_SETS = 512
-IMPLS = ("reference", "triton", "opforge", "opforge bulk", "bf16 matmul", "read only")
-#: Implementations whose failed check fails the run (the bulk kernel's only where it could run).
-GATED = ("triton", "opforge", "opforge bulk")
+IMPLS = ("reference", "triton", "opforge", "bf16 matmul", "read only")
+#: Implementations whose failed check fails the run.
+GATED = ("triton", "opforge")
 
 
 def nvfp4_bytes(m: int, k: int, l: int) -> int:
@@ -167,15 +167,6 @@ def implementations(definition) -> tuple[dict, dict]:
         fns["opforge"] = lambda s: op(*s["inputs"][:4], out=s["c"])
     except Exception as e:
         missing["opforge"] = f"{type(e).__name__}: {e}"
-    # The bulk-copy kernel, forced (sm_90+, K a multiple of 256): the stream is asked for at each
-    # call, so that a captured graph records the call on its capture stream.
-    if torch.cuda.is_available() and "opforge" not in missing:
-        from opforge import _C
-
-        fns["opforge bulk"] = lambda s: _C.nvfp4_gemv(s["c"], *s["inputs"][:4], None,
-                                                      torch.cuda.current_stream().cuda_stream, True, bulk=1) or s["c"]
-    else:
-        missing["opforge bulk"] = "needs a CUDA device"
     fns["bf16 matmul"] = lambda s: torch.matmul(s["a_bf16"], s["b_bf16"])
     try:
         fns["read only"] = read_only_fn()
@@ -377,8 +368,7 @@ def main(argv=None) -> int:
     print()
     print(render(results), flush=True)
     failed = [(c["M"], c["K"], c["L"], impl) for c in cases for impl in GATED
-              if not (impl == "opforge bulk" and c["impls"][impl]["status"] == "n/a")
-              and (c["impls"][impl]["status"] != "ok" or not c["impls"][impl]["check"]["passed"])]
+              if c["impls"][impl]["status"] != "ok" or not c["impls"][impl]["check"]["passed"]]
     if failed:
         print(f"failed: {failed}")
     return 1 if failed else 0

@@ -205,11 +205,7 @@ Nvfp4GemvPlan forced_or_chosen_plan(int64_t m, int64_t k, int64_t l, int sms, in
 // fp32 elements of workspace to call again with (nothing is written then).
 int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::handle scale_a_obj,
                    nb::handle scale_b_obj, nb::handle workspace_obj, uintptr_t stream, bool launch, int rows, int group,
-                   int splits, int blocks_per_sm, int bulk) {
-  if (bulk < -1 || bulk > 1) {
-    throw_value_error(kPrefix + "bulk=" + std::to_string(bulk) + "; accepted: 1 (the bulk-copy kernel), 0 (not), "
-                      "-1 (the heuristic's choice)");
-  }
+                   int splits, int blocks_per_sm) {
   const Operand a = operand(a_obj, "a", Kind::kFp4, "[M, K/2, L]");
   check_device_supported(kCtx, a.device_view());
   const Operand b = operand(b_obj, "b", Kind::kFp4, "[1, K/2, L]");
@@ -280,17 +276,6 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
   } else {
 #ifdef OPFORGE_WITH_CUDA
     const int device = a.t.device_id();
-    if (bulk == 1) {  // forced only, for now (see nvfp4_gemv.h)
-      const std::string why = cuda::nvfp4_gemv_bulk_problem(p);
-      if (!why.empty()) throw_value_error(kPrefix + "bulk=1 needs " + why);
-      if (!cuda::nvfp4_gemv_bulk_runs_on(device)) {
-        throw_value_error(kPrefix + "bulk=1 needs a GPU of compute capability 9.0 or newer and a build with code for "
-                          "it (CUDA_ARCH_LIST with 9.0a or newer)");
-      }
-      check_launch(kCtx, cuda::launch_nvfp4_gemv_bulk(p, device, reinterpret_cast<void*>(stream)), device);
-      mark_written({out_obj});
-      return 0;
-    }
     const Nvfp4GemvPlan plan = forced_or_chosen_plan(m, k, l, cuda::sm_count(device), rows, group, splits, blocks_per_sm);
     if (cuda::nvfp4_gemv_tasks(m, l, plan.rows, plan.splits) > INT32_MAX) {
       throw_value_error(kPrefix + "M * L = " + std::to_string(m * l) + " outputs times " +
@@ -328,10 +313,6 @@ nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group
   d["blocks_per_sm"] = plan.blocks_per_sm;
   d["blocks"] = plan.blocks;
   d["workspace"] = cuda::nvfp4_gemv_workspace_elems(plan, m, l);
-  // The bulk-copy kernel's geometry for this K (when forced: nvfp4_gemv.h).
-  d["bulk_vectors"] = cuda::nvfp4_bulk_vectors(k);
-  d["bulk_rows"] = cuda::nvfp4_bulk_rows(k);
-  d["bulk_smem"] = cuda::nvfp4_bulk_smem_bytes(k);
   return d;
 }
 
@@ -340,12 +321,11 @@ nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group
 void bind_nvfp4_gemv(nb::module_& m) {
   m.def("nvfp4_gemv", &nvfp4_gemv, nb::arg("out"), nb::arg("a"), nb::arg("b"), nb::arg("scale_a"),
         nb::arg("scale_b"), nb::arg("workspace").none(), nb::arg("stream"), nb::arg("launch"), nb::arg("rows") = -1,
-        nb::arg("group") = -1, nb::arg("splits") = -1, nb::arg("blocks_per_sm") = -1, nb::arg("bulk") = -1,
+        nb::arg("group") = -1, nb::arg("splits") = -1, nb::arg("blocks_per_sm") = -1,
         "c = A @ B per batch for NVFP4 operands, into `out`; see opforge.ops.nvfp4. Returns 0, or the float32\n"
         "workspace elements a CUDA plan that splits K needs (call again with it; nothing was written).\n"
         "rows/group/splits force the CUDA plan (all three, for tuning), blocks_per_sm (2 or 4) its kernel's\n"
-        "occupancy (alone: the heuristic's plan at that occupancy); -1: the heuristic. bulk=1 forces the\n"
-        "bulk-copy kernel (sm_90+, K a multiple of 256, 16-byte aligned rows; the other knobs then do not apply).");
+        "occupancy (alone: the heuristic's plan at that occupancy); -1: the heuristic.");
   m.def("nvfp4_gemv_plan", &plan_dict, nb::arg("m"), nb::arg("k"), nb::arg("l"), nb::arg("sms"),
         nb::arg("rows") = -1, nb::arg("group") = -1, nb::arg("splits") = -1, nb::arg("blocks_per_sm") = -1,
         "The CUDA launch plan of nvfp4_gemv for an M x K x L problem on a GPU with `sms` multiprocessors.");

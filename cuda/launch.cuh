@@ -44,7 +44,7 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 // Whether the image of `kKernel` loaded for `device` (the current device) was compiled for sm_90
 // or newer: an sm_80 image also runs on a Hopper GPU, without what sm_90 code has (its
 // wait_for_previous_grid(), so a PDL launch of it would read the previous kernel's output before
-// it is written; bulk copies and transaction barriers). Read once per device.
+// it is written). Read once per device.
 template <auto kKernel>
 bool image_built_for_sm90(int device) {
   static PerDevice memo;  // 1 yes, -1 no

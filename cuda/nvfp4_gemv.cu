@@ -25,7 +25,6 @@
 #include <utility>
 
 #include "device.h"
-#include "launch.cuh"
 #include "nvfp4_gemv.h"
 #include "vec.cuh"
 
@@ -402,162 +401,6 @@ __global__ void __launch_bounds__(256) nvfp4_gemv_add_splits_kernel(const Nvfp4G
   }
 }
 
-// --- the bulk-copy kernel (nvfp4_gemv.h) ------------------------------------------------------
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void barrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Blocks until the barrier's phase of the given parity has completed.
-__device__ __forceinline__ void barrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void barrier_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}" ::"r"(bar) : "memory");
-}
-
-// The producer's arrival on a stage's full barrier, announcing the bytes its copies will bring.
-__device__ __forceinline__ void barrier_arrive_expect(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
-// copy engine; their arrival completes that many bytes of the barrier's transaction count.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-#endif
-
-// 256 consumer threads and one producer warp; `v_log2`: log2 of the vectors per row in a stage.
-template <int RPT>
-__global__ void __launch_bounds__(kNvfp4Threads + 32, kNvfp4BulkBlocksPerSm)
-    nvfp4_gemv_bulk_kernel(const Nvfp4GemvParams p, const int v_log2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) uint8_t stages[];
-  __shared__ float partial[kNvfp4Threads / 32][RPT];
-  const int v = 1 << v_log2;
-  const int slots = kNvfp4Threads >> v_log2;  // rows side by side in a stage
-  const int rows = slots * RPT;               // rows per stage and per task
-  const int64_t nv = p.k / kNvfp4VectorElems;
-  const int chunks = static_cast<int>((nv + v - 1) >> v_log2);  // stages per task
-  const uint32_t row_groups = static_cast<uint32_t>((p.m + rows - 1) / rows);
-  const uint32_t tasks = row_groups * static_cast<uint32_t>(p.l);
-  // Stage layout: A [rows][n] vectors, scale_a [rows][n] pairs (n <= v: the chunk's vectors, so
-  // that whole rows of a row-major A are one run), B [v] vectors, scale_b [v] pairs.
-  const uint32_t a_bytes = rows * v * 16, sa_bytes = rows * v * 2, b_bytes = v * 16;
-  const uint32_t stage_bytes = a_bytes + sa_bytes + b_bytes + v * 2;
-  const uint32_t base = smem_addr(stages);
-  const uint32_t full = base + kNvfp4BulkStages * stage_bytes, empty = full + kNvfp4BulkStages * 8;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  constexpr int kConsumerWarps = kNvfp4Threads / 32;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kNvfp4BulkStages; ++s) {
-      barrier_init(full + 8 * s, 1);                // the producer's arrival (and the bytes)
-      barrier_init(empty + 8 * s, kConsumerWarps);  // one arrival per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-
-  // Both sides walk the same sequence of (task, chunk) stages: `it` counts them, stage it % S,
-  // phase (it / S) & 1.
-  if (warp == kConsumerWarps) {  // the producer
-    if (lane != 0) return;
-    uint32_t it = 0;
-    for (uint32_t task = blockIdx.x; task < tasks; task += gridDim.x) {
-      const int64_t batch = task / row_groups, m0 = int64_t(task % row_groups) * rows;
-      const int here = static_cast<int>(min64(rows, p.m - m0));  // rows past M are not copied
-      const uint8_t* a = static_cast<const uint8_t*>(p.a) + m0 * p.a_stride_m + batch * p.a_stride_l;
-      const uint8_t* sa = static_cast<const uint8_t*>(p.scale_a) + m0 * p.sa_stride_m + batch * p.sa_stride_l;
-      const uint8_t* b = static_cast<const uint8_t*>(p.b) + batch * p.b_stride_l;
-      const uint8_t* sb = static_cast<const uint8_t*>(p.scale_b) + batch * p.sb_stride_l;
-      for (int c = 0; c < chunks; ++c, ++it) {
-        const uint32_t s = it % kNvfp4BulkStages, parity = (it / kNvfp4BulkStages) & 1;
-        barrier_wait(empty + 8 * s, parity ^ 1);  // the consumers are done with the stage's last use
-        const int64_t v0 = int64_t(c) << v_log2;
-        const uint32_t n = static_cast<uint32_t>(min64(v, nv - v0));  // vectors of this chunk: a multiple of 8
-        const uint32_t dst = base + s * stage_bytes;
-        barrier_arrive_expect(full + 8 * s, (here + 1) * n * 18);
-        // Rows lie n vectors apart in the stage: where the chunk is whole rows and the rows are
-        // back to back in memory (seed 003's layout), the task's rows come in one copy.
-        if (n == nv && p.a_stride_m == int64_t(n) * 16) {
-          bulk_copy(dst, a + v0 * 16, here * n * 16, full + 8 * s);
-        } else {
-          for (int r = 0; r < here; ++r) bulk_copy(dst + r * n * 16, a + r * p.a_stride_m + v0 * 16, n * 16, full + 8 * s);
-        }
-        if (n == nv && p.sa_stride_m == int64_t(n) * 2) {
-          bulk_copy(dst + a_bytes, sa + v0 * 2, here * n * 2, full + 8 * s);
-        } else {
-          for (int r = 0; r < here; ++r) {
-            bulk_copy(dst + a_bytes + r * n * 2, sa + r * p.sa_stride_m + v0 * 2, n * 2, full + 8 * s);
-          }
-        }
-        bulk_copy(dst + a_bytes + sa_bytes, b + v0 * 16, n * 16, full + 8 * s);
-        bulk_copy(dst + a_bytes + sa_bytes + b_bytes, sb + v0 * 2, n * 2, full + 8 * s);
-      }
-    }
-    return;
-  }
-
-  const int pos = threadIdx.x & (v - 1), slot = threadIdx.x >> v_log2;
-  const Decoder dec = make_decoder();
-  uint32_t it = 0;
-  for (uint32_t task = blockIdx.x; task < tasks; task += gridDim.x) {
-    const int64_t batch = task / row_groups, m0 = int64_t(task % row_groups) * rows;
-    float acc[RPT];
-#pragma unroll
-    for (int j = 0; j < RPT; ++j) acc[j] = 0.f;
-    for (int c = 0; c < chunks; ++c, ++it) {
-      const uint32_t s = it % kNvfp4BulkStages, parity = (it / kNvfp4BulkStages) & 1;
-      barrier_wait(full + 8 * s, parity);
-      const int64_t n = min64(v, nv - (int64_t(c) << v_log2));
-      if (pos < n) {
-        const uint8_t* st = stages + s * stage_bytes;
-        DecodedB db;
-        dec.decode_b(*reinterpret_cast<const uint4*>(st + a_bytes + sa_bytes + pos * 16), db);
-        float2 sb = e4m3x2_to_float2(*reinterpret_cast<const unsigned short*>(st + a_bytes + sa_bytes + b_bytes + pos * 2));
-        sb.x *= kBlockUnit;  // exact: a power of two
-        sb.y *= kBlockUnit;
-#pragma unroll
-        for (int j = 0; j < RPT; ++j) {
-          const int r = slot + j * slots;
-          const float2 sum = dec.block_sums(*reinterpret_cast<const uint4*>(st + (r * n + pos) * 16), db);
-          const float2 sa = e4m3x2_to_float2(*reinterpret_cast<const unsigned short*>(st + a_bytes + (r * n + pos) * 2));
-          acc[j] = fmaf(sum.x * sa.x, sb.x, acc[j]);  // as the kernel above: exact products, one rounding
-          acc[j] = fmaf(sum.y * sa.y, sb.y, acc[j]);
-        }
-      }
-      __syncwarp();
-      if (lane == 0) barrier_arrive(empty + 8 * s);
-    }
-    // A row's sum over the v threads of its slot, the barrier over the consumer warps only.
-    sum_over_group(acc, v, partial, [] { asm volatile("bar.sync 1, %0;" ::"n"(kNvfp4Threads) : "memory"); });
-    if (pos == 0) {
-#pragma unroll
-      for (int j = 0; j < RPT; ++j) {
-        const int64_t m = m0 + slot + j * slots;
-        if (m < p.m) static_cast<__half*>(p.out)[m * p.out_stride_m + batch * p.out_stride_l] = __float2half_rn(acc[j]);
-      }
-    }
-  }
-#endif
-}
-
 template <int ROWS>
 void launch_rows(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, bool wide, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(plan.blocks));
@@ -571,36 +414,6 @@ void launch_rows(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, bool wide,
 }
 
 }  // namespace
-
-bool nvfp4_gemv_bulk_runs_on(int device) {
-  static PerDevice memo;  // 1 yes, -1 no
-  return memo.get(device, [device] {
-    if (compute_capability(device) < 90) return -1;
-    DeviceGuard guard(device);
-    return image_built_for_sm90<nvfp4_gemv_bulk_kernel<kNvfp4BulkRowsPerThread>>(device) ? 1 : -1;
-  }) > 0;
-}
-
-int launch_nvfp4_gemv_bulk(const Nvfp4GemvParams& p, int device, void* stream_ptr) {
-  if (p.m == 0 || p.l == 0) return 0;
-  DeviceGuard guard(device);
-  constexpr auto kernel = nvfp4_gemv_bulk_kernel<kNvfp4BulkRowsPerThread>;
-  // The largest stage layout (256 vectors per row), allowed once per device.
-  static PerDevice allowed;
-  const int err = allowed.get(device, [] {
-    const int e = static_cast<int>(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                        static_cast<int>(nvfp4_bulk_smem_bytes(256 * kNvfp4VectorElems))));
-    return e == 0 ? 1 : -e;
-  });
-  if (err < 0) return -err;
-  int v_log2 = 0;
-  while ((1 << v_log2) < nvfp4_bulk_vectors(p.k)) ++v_log2;
-  const int64_t tasks = nvfp4_cdiv(p.m, nvfp4_bulk_rows(p.k)) * p.l;
-  const int64_t blocks = std::min<int64_t>(tasks, int64_t(sm_count(device)) * kNvfp4BulkBlocksPerSm);
-  kernel<<<static_cast<unsigned>(blocks), kNvfp4Threads + 32, static_cast<size_t>(nvfp4_bulk_smem_bytes(p.k)),
-           static_cast<cudaStream_t>(stream_ptr)>>>(p, v_log2);
-  return last_launch_status();
-}
 
 int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int device, void* stream_ptr) {
   if (p.m == 0 || p.l == 0) return 0;

@@ -146,69 +146,16 @@ int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int d
 
 // Whether every row (along K) of a and b starts on `fp4_align` bytes and every row of both scales
 // on `scale_align` bytes: the pointers and the strides of the dimensions that are walked (size > 1).
-// An alignment of 0 leaves those operands out.
 inline bool nvfp4_rows_aligned(const Nvfp4GemvParams& p, int64_t fp4_align, int64_t scale_align) {
   auto aligned = [](int64_t align, const void* ptr, int64_t size_m, int64_t stride_m, int64_t size_l,
                     int64_t stride_l) {
-    return align == 0 || (reinterpret_cast<uintptr_t>(ptr) % align == 0 && (size_m <= 1 || stride_m % align == 0) &&
-                          (size_l <= 1 || stride_l % align == 0));
+    return reinterpret_cast<uintptr_t>(ptr) % align == 0 && (size_m <= 1 || stride_m % align == 0) &&
+           (size_l <= 1 || stride_l % align == 0);
   };
   return aligned(fp4_align, p.a, p.m, p.a_stride_m, p.l, p.a_stride_l) &&
          aligned(fp4_align, p.b, 1, 0, p.l, p.b_stride_l) &&
          aligned(scale_align, p.scale_a, p.m, p.sa_stride_m, p.l, p.sa_stride_l) &&
          aligned(scale_align, p.scale_b, 1, 0, p.l, p.sb_stride_l);
 }
-
-// --- the bulk-copy kernel (sm_90 and newer) ---------------------------------------------------
-//
-// A different way to stream A: one thread of a producer warp copies whole row chunks of A, their
-// scales and the matching chunk of B and its scales into a ring of shared-memory stages with
-// cp.async.bulk (the copy engine, completion counted in bytes on an mbarrier), while the 256
-// consumer threads decode and add from shared memory. Bytes in flight then do not depend on
-// registers or on how far the consumers have got: a CTA keeps up to kNvfp4BulkStages stages of
-// 16 KiB of A requested. A stage holds RS rows x V vectors: thread t takes vector t % V of rows
-// t / V + j * (256 / V), j < kNvfp4BulkRowsPerThread, decoding its vector of B once for them; a
-// task is the stage's RS rows of one batch, all of K, its chunks one stage each. Selected only
-// when forced (bulk=1) until measured against the kernel above.
-constexpr int kNvfp4BulkRowsPerThread = 4;
-constexpr int kNvfp4BulkStages = 3;
-constexpr int kNvfp4BulkBlocksPerSm = 2;
-
-// Vectors per row in a stage: the power of two from 8 to 256 that covers a row, or 256.
-inline int nvfp4_bulk_vectors(int64_t k) {
-  int v = 8;
-  while (v < 256 && v < k / kNvfp4VectorElems) v *= 2;
-  return v;
-}
-// Rows per stage (and per task).
-inline int nvfp4_bulk_rows(int64_t k) { return kNvfp4Threads / nvfp4_bulk_vectors(k) * kNvfp4BulkRowsPerThread; }
-// Bytes of one stage: A and its scales for the rows, B and its scales (every part a multiple of 16).
-inline int64_t nvfp4_bulk_stage_bytes(int64_t k) {
-  const int64_t v = nvfp4_bulk_vectors(k), rows = nvfp4_bulk_rows(k);
-  return rows * v * 18 + v * 18;
-}
-// Dynamic shared memory of a CTA: the stages and one full and one empty barrier per stage.
-inline int64_t nvfp4_bulk_smem_bytes(int64_t k) {
-  return kNvfp4BulkStages * nvfp4_bulk_stage_bytes(k) + 2 * kNvfp4BulkStages * 8;
-}
-
-// Why a problem cannot take the bulk kernel, or "" when it can (the GPU's side is
-// nvfp4_gemv_bulk_runs_on). Every copy moves a multiple of 16 bytes from a 16-byte aligned
-// address: K a multiple of 256 (so a row's scales are whole 16-byte units), and the rows of A, B
-// and both scales 16-byte aligned.
-inline const char* nvfp4_gemv_bulk_problem(const Nvfp4GemvParams& p) {
-  if (p.k % 256 != 0) return "K a multiple of 256";
-  if (!nvfp4_rows_aligned(p, 16, 0)) return "every row of a and b to start on 16 bytes";
-  if (!nvfp4_rows_aligned(p, 0, 16)) return "every row of scale_a and scale_b to start on 16 bytes";
-  return "";
-}
-
-// Whether `device` runs the bulk kernel: compute capability 9.0 or newer and an image of the
-// kernel compiled for it (an sm_80 image running on a Hopper GPU has an empty body).
-bool nvfp4_gemv_bulk_runs_on(int device);
-
-// Launches the bulk kernel (nvfp4_gemv_bulk_problem(p) empty, nvfp4_gemv_bulk_runs_on(device)
-// true); returns a cudaError_t value.
-int launch_nvfp4_gemv_bulk(const Nvfp4GemvParams& p, int device, void* stream);
 
 }  // namespace opforge::cuda

@@ -590,63 +590,6 @@ def test_every_cuda_kernel_variant(seed, rows, group, splits, blocks_per_sm, lay
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, k, l", [(300, 256, 3), (130, 2048, 2), (37, 4096, 1), (5, 7168, 3), (70, 16384, 2),
-                                     (1, 512, 1), (129, 8192, 1)], ids=str)
-@pytest.mark.parametrize("layout", ["seed", "rows_outer", "padded"])
-def test_bulk_kernel(seed, m, k, l, layout):
-    """The bulk-copy kernel forced (bulk=1) at every stage geometry: 8 to 256 vectors per row and
-    stage (K = 256 .. 16384; 7168 leaves a part-filled stage, 16384 two stages per row), M not a
-    multiple of the stage's rows, L > 1, the operands' layouts whose rows start on 16 bytes."""
-    problem = random_problem(seeded(seed), m, k, l, *regime_ranges("balanced", k))
-    a, b, sa, sb = problem.args("cuda", layout)
-    out = poisoned_out(m, l, "cuda", "seed")
-    stream = torch.cuda.current_stream().cuda_stream
-    assert _C.nvfp4_gemv(out, a, b, sa, sb, None, stream, True, bulk=1) == 0
-    torch.cuda.synchronize()
-    assert_matches(out, problem.reference(), seed)
-    # Repeats exactly (a fixed order of additions), and agrees with the kernel the plan picks.
-    again = poisoned_out(m, l, "cuda", "seed")
-    _C.nvfp4_gemv(again, a, b, sa, sb, None, stream, True, bulk=1)
-    assert torch.equal(again, out)
-    assert_matches(out, run(problem, "cuda"), seed, "bulk vs plan")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", ["k-320", "offset"])
-def test_bulk_kernel_refusals(case):
-    """Forcing the bulk kernel where its copies cannot go says why and writes nothing."""
-    k = 320 if case == "k-320" else 512
-    problem = random_problem(seeded(1), 8, k, 2, *regime_ranges("balanced", k))
-    a, b, sa, sb = problem.args("cuda", "seed" if case == "k-320" else "offset")
-    out = poisoned_out(8, 2, "cuda", "seed")
-    stream = torch.cuda.current_stream().cuda_stream
-    with pytest.raises(ValueError, match="bulk=1 needs " + ("K a multiple of 256" if case == "k-320" else "every row")):
-        _C.nvfp4_gemv(out, a, b, sa, sb, None, stream, True, bulk=1)
-    assert torch.isnan(out).all()
-
-
-def test_bulk_geometry():
-    """Every K the bulk kernel takes gets a stage of 256 threads x 4 rows' vectors, whole 16-byte
-    parts, and two CTAs' shared memory within a Hopper SM's 227 KiB."""
-    for k in range(256, 65536 + 1, 256):
-        p = _C.nvfp4_gemv_plan(64, k, 1, 132)
-        v, rows = p["bulk_vectors"], p["bulk_rows"]
-        assert v in (8, 16, 32, 64, 128, 256) and (v == 256 or v >= k // 32), (k, v)
-        assert rows * v == 256 * 4, (k, rows, v)
-        assert 2 * (p["bulk_smem"] + 128) <= 227 * 1024, (k, p["bulk_smem"])
-
-
-def test_bulk_values():
-    problem = random_problem(seeded(1), 4, 256, 1, *regime_ranges("balanced", 256))
-    a, b, sa, sb = problem.args()
-    out = poisoned_out(4, 1, "cpu", "seed")
-    for bad in (2, -2):
-        with pytest.raises(ValueError, match=f"bulk={bad}; accepted: 1"):
-            _C.nvfp4_gemv(out, a, b, sa, sb, None, 0, True, bulk=bad)
-    assert torch.isnan(out).all()
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("m, k, l", [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4), (8, 65536, 1),
                                      (1, 64, 1)], ids=str)
 def test_cuda_shapes(seed, m, k, l):
