@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   const T* in = static_cast<const T*>(p.input) + row * p.input_stride + first;
   const T* res = static_cast<const T*>(p.residual) + row * p.residual_stride + first;
   const T* w = static_cast<const T*>(p.weight) + first;
+  T* out = static_cast<T*>(p.out) + row * p.out_stride + first;  // here, while the loads are in flight
 
   // Vectors past the row's end are zeros, so they add nothing to the sum of squares and no branch
   // sits between the loads and the reduction. The row's vectors go first: the sum waits on them,
@@ -106,15 +107,17 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
   }
   // The mean as a product with the row length's reciprocal, worked out on the host: on the device
   // the division (or even a correctly rounded reciprocal, with its slow-path check) was scheduled
-  // after the reduction, on the critical path.
+  // after the reduction, on the critical path. A multiply then an add, not one fma: an fma takes
+  // only one of its two parameters from the constant bank, and the compiler loaded the other (eps)
+  // into a register right there, a load the block waited on after its reduction (5% of a one-row
+  // norm's stall samples); the add reads eps from the constant bank itself.
   const float ss = row_sum(sq[0], scratch);
-  const float rstd = rsqrtf(ss * p.inv_hidden + p.eps);
+  const float rstd = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));
 
   if (!active) return;
   // y = s * rstd * (w + offset) as s * fma(w, rstd, rstd * offset): two instructions per element
   // instead of three.
   const float rstd_offset = rstd * p.weight_offset;
-  T* out = static_cast<T*>(p.out) + row * p.out_stride + first;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     if (!ok[i]) continue;
@@ -161,7 +164,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
     for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
   }
   ss = row_sum(ss, scratch);
-  const float rstd = rsqrtf(ss * p.inv_hidden + p.eps);  // as the register path does
+  const float rstd = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));  // as the register path does
 
   const float rstd_offset = rstd * p.weight_offset;  // as the register path does
   const T* w = static_cast<const T*>(p.weight);
