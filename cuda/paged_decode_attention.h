@@ -146,9 +146,11 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without, and
 //    where the caller says how long the longest request is (max_tokens > 0; 0: not known), that
 //    is within kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average, and the tasks give three
-//    quarters of the SMs a CTA: later waves have nothing to even out then (the cuts rules 1-3
+//    quarters of the SMs two CTAs: later waves have nothing to even out then (the cuts rules 1-3
 //    hedge with cost uniform batches 4-17%: h32_kv8 32 x 2048 76.3 us at 1 x 4 warps, 82.6 at
-//    4 x 4; h32_kv4 page size 1 64 x 2048 78.3 against 91.6). `tokens` stands for the batch's
+//    4 x 4; h32_kv4 page size 1 64 x 2048 77.3 against 91.6). One CTA per SM keeps too few bytes
+//    in flight (h32_kv4 page size 1 32 x 8192, 128 tasks: 183.3 us at 1 x 4, 146.5 at 4 x 4;
+//    bench/results/2026-11-27_h200_*_norm_epilogue/paged_kv4_maxlen.md). `tokens` stands for the batch's
 //    total there, so a kv_indices buffer much larger than the pages in use makes the average an
 //    overestimate (a slower plan, never a wrong result). (Forced cuts with 8 token warps,
 //    bench/results/2026-11-27_h200_*_paged_decode_token_warps8/: better on skewed batches at 32
@@ -199,7 +201,7 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   // are even. Not without token warps, where a split is what evens out unequal lengths
   // (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
   const bool even = max_tokens > 0 && max_tokens * kPagedDecodeEvenDen <= avg_tokens * kPagedDecodeEvenNum;
-  const bool fills = one.ctas * per_cta >= wave || (even && 4 * one.ctas >= 3 * int64_t(sms));
+  const bool fills = one.ctas * per_cta >= wave || (even && 4 * one.ctas >= 7 * int64_t(sms));
   if (token_warps_fit && fills && parts > per_cta) parts = per_cta;
   if (parts < 1) parts = 1;
   int token_warps = 1;

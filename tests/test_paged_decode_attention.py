@@ -474,21 +474,26 @@ def test_plan_heads_and_dims():
 def test_plan_with_even_lengths():
     """A caller that knows its batch's longest request (max_kv_len) lets an even batch skip the
     splits the plan otherwise hedges with against one long request, once its tasks give three
-    quarters of the SMs a CTA; skewed batches, few tasks and 256 dims (splits only) keep the plan
-    of the shapes."""
+    quarters of the SMs two CTAs; skewed batches, fewer tasks and 256 dims (splits only) keep the
+    plan of the shapes."""
     def cut(batch, hq, hkv, context, max_tokens, head_dim=128, tokens=None):
         p = plan(batch, hq, hkv, tokens if tokens is not None else batch * context, head_dim=head_dim,
                  max_tokens=max_tokens)
         return p["splits"], p["token_warps"]
-    # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048 and 32 x 2048 (128 tasks: 3/4 of 132 SMs).
-    for batch, hkv, context in ((32, 8, 2048), (32, 8, 8192), (64, 4, 2048), (32, 4, 2048)):
+    # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048 (256 tasks on 132 SMs: 231 at least).
+    for batch, hkv, context in ((32, 8, 2048), (32, 8, 8192), (64, 4, 2048)):
         assert cut(batch, 32, hkv, context, 0) == (4, 4)
         assert cut(batch, 32, hkv, context, context) == (1, 4)
         assert cut(batch, 32, hkv, context, context * 5 // 4) == (1, 4)  # the slack: 1.25 x the average
         assert cut(batch, 32, hkv, context, context * 5 // 4 + 1) == (4, 4)
     # A long request among short ones (32 x tail: 1520 tokens on average, 32768 at most).
     assert cut(32, 32, 8, 0, 32768, tokens=32 * 1520) == cut(32, 32, 8, 0, 0, tokens=32 * 1520)
-    # Few tasks (h32_kv8 batch 8: 64 < 99 tasks) and 256 dims keep their plans.
+    # Fewer tasks (h32_kv4 batch 32: 128, one CTA per SM; h32_kv8 batch 8: 64) and 256 dims keep
+    # their plans.
+    assert cut(32, 32, 4, 2048, 2048) == cut(32, 32, 4, 2048, 0) == (4, 4)
+    assert cut(32, 32, 4, 8192, 8192) == cut(32, 32, 4, 8192, 0)
+    assert cut(57, 32, 4, 2048, 2048) == cut(57, 32, 4, 2048, 0) != (1, 4)  # 228 tasks: below 231
+    assert cut(58, 32, 4, 2048, 2048) == (1, 4)  # 232
     assert cut(8, 32, 8, 2048, 2048) == cut(8, 32, 8, 2048, 0)
     assert cut(32, 16, 8, 2048, 2048, head_dim=256) == cut(32, 16, 8, 2048, 0, head_dim=256)
     # Batches that already take one split are unchanged.
