@@ -58,3 +58,4 @@ $PY bench/roofline.py --dry-run
 $PY bench/paged_decode_attention.py --dry-run --impls opforge,sdpa
 $PY bench/norm_launch_sweep.py --dry-run
 $PY bench/decode_placement.py --dry-run
+$PY bench/decode_placement.py --dry-run --cases scale:1x4096,gelu_tanh_and_mul:4x14336  # --cases, ops off the default list
