@@ -42,11 +42,11 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
 }
 
 // Whether the image of `kKernel` loaded for `device` (the current device) was compiled for sm_90
-// or newer: an sm_80 image also runs on a Hopper GPU, without what sm_90 code has (its
-// wait_for_previous_grid(), so a PDL launch of it would read the previous kernel's output before
-// it is written). Read once per device.
+// or newer, so that its wait_for_previous_grid() exists: an sm_80 image also runs on a Hopper GPU,
+// where a PDL launch of it would read the previous kernel's output before it is written. Read once
+// per device.
 template <auto kKernel>
-bool image_built_for_sm90(int device) {
+bool image_waits_for_previous_grid(int device) {
   static PerDevice memo;  // 1 yes, -1 no
   return memo.get(device, [] {
     cudaFuncAttributes attr{};

@@ -254,11 +254,10 @@ __device__ __forceinline__ unsigned short load_scale_b(const uint8_t* p) {
 
 // Each of R sums over the `group` threads that share a task (a power of two; more than 32 are
 // whole warps of the block): lanes of a warp by shuffles, then the warps' sums through shared
-// memory, added in warp order, between two calls of `barrier` (which every thread that holds a
-// sum must reach). Fixed orders: results do not vary between runs.
-template <int R, typename Barrier>
-__device__ __forceinline__ void sum_over_group(float (&acc)[R], int group, float (&partial)[kNvfp4Threads / 32][R],
-                                               Barrier barrier) {
+// memory, added in warp order, between two block barriers (every thread of the block calls this).
+// Fixed orders: results do not vary between runs.
+template <int R>
+__device__ __forceinline__ void sum_over_group(float (&acc)[R], int group, float (&partial)[kNvfp4Threads / 32][R]) {
   const int width = group < 32 ? group : 32;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -270,7 +269,7 @@ __device__ __forceinline__ void sum_over_group(float (&acc)[R], int group, float
 #pragma unroll
       for (int r = 0; r < R; ++r) partial[warp][r] = acc[r];
     }
-    barrier();
+    __syncthreads();
     const int first_warp = warp & ~((group >> 5) - 1);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -278,7 +277,7 @@ __device__ __forceinline__ void sum_over_group(float (&acc)[R], int group, float
       for (int w = 0; w < (group >> 5); ++w) s += partial[first_warp + w][r];
       acc[r] = s;
     }
-    barrier();  // every warp has read `partial` before the next task writes it
+    __syncthreads();  // every warp has read `partial` before the next task writes it
   }
 }
 
@@ -374,7 +373,7 @@ __global__ void __launch_bounds__(kNvfp4Threads, BPS)
       }
     }
 
-    sum_over_group(acc, group, partial, [] { __syncthreads(); });
+    sum_over_group(acc, group, partial);
     if (active && lane == 0) {
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
@@ -413,6 +412,20 @@ void launch_rows(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, bool wide,
   }
 }
 
+// Whether every row (along K) of a and b starts on 16 bytes and every row of both scales on 2 (the
+// vector loads of the WIDE kernels): the pointers and the strides of the dimensions that are
+// walked (size > 1).
+bool rows_aligned_for_vectors(const Nvfp4GemvParams& p) {
+  auto aligned = [](int64_t align, const void* ptr, int64_t size_m, int64_t stride_m, int64_t size_l,
+                    int64_t stride_l) {
+    return reinterpret_cast<uintptr_t>(ptr) % align == 0 && (size_m <= 1 || stride_m % align == 0) &&
+           (size_l <= 1 || stride_l % align == 0);
+  };
+  return aligned(16, p.a, p.m, p.a_stride_m, p.l, p.a_stride_l) && aligned(16, p.b, 1, 0, p.l, p.b_stride_l) &&
+         aligned(2, p.scale_a, p.m, p.sa_stride_m, p.l, p.sa_stride_l) &&
+         aligned(2, p.scale_b, 1, 0, p.l, p.sb_stride_l);
+}
+
 }  // namespace
 
 int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int device, void* stream_ptr) {
@@ -425,7 +438,7 @@ int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int d
   if (plan.splits > 1 && p.workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  const bool wide = nvfp4_rows_aligned(p, 16, 2);
+  const bool wide = rows_aligned_for_vectors(p);
   switch (plan.rows) {
     case 1: launch_rows<1>(p, plan, wide, stream); break;
     case 2: launch_rows<2>(p, plan, wide, stream); break;

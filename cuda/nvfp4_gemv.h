@@ -144,18 +144,4 @@ inline int64_t nvfp4_gemv_workspace_elems(const Nvfp4GemvPlan& plan, int64_t m, 
 // p.workspace must hold nvfp4_gemv_workspace_elems(plan, ...) floats.
 int launch_nvfp4_gemv(const Nvfp4GemvParams& p, const Nvfp4GemvPlan& plan, int device, void* stream);
 
-// Whether every row (along K) of a and b starts on `fp4_align` bytes and every row of both scales
-// on `scale_align` bytes: the pointers and the strides of the dimensions that are walked (size > 1).
-inline bool nvfp4_rows_aligned(const Nvfp4GemvParams& p, int64_t fp4_align, int64_t scale_align) {
-  auto aligned = [](int64_t align, const void* ptr, int64_t size_m, int64_t stride_m, int64_t size_l,
-                    int64_t stride_l) {
-    return reinterpret_cast<uintptr_t>(ptr) % align == 0 && (size_m <= 1 || stride_m % align == 0) &&
-           (size_l <= 1 || stride_l % align == 0);
-  };
-  return aligned(fp4_align, p.a, p.m, p.a_stride_m, p.l, p.a_stride_l) &&
-         aligned(fp4_align, p.b, 1, 0, p.l, p.b_stride_l) &&
-         aligned(scale_align, p.scale_a, p.m, p.sa_stride_m, p.l, p.sa_stride_l) &&
-         aligned(scale_align, p.scale_b, 1, 0, p.l, p.sb_stride_l);
-}
-
 }  // namespace opforge::cuda

@@ -776,11 +776,11 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int de
   constexpr int kRowsPerBlock = kMergeThreads / (D / 4);
   const int64_t row_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (plan.splits <= kMergeRowSplits && row_blocks >= sm_count(device)) {
-    const bool pdl = image_built_for_sm90<paged_decode_merge_rows_kernel<T, D>>(device);
+    const bool pdl = image_waits_for_previous_grid<paged_decode_merge_rows_kernel<T, D>>(device);
     return static_cast<int>(launch_kernel(paged_decode_merge_rows_kernel<T, D>, dim3(static_cast<unsigned>(row_blocks)),
                                           dim3(kMergeThreads), 0, stream, pdl, p, plan.splits));
   }
-  const bool pdl = image_built_for_sm90<paged_decode_merge_kernel<T, D>>(device);
+  const bool pdl = image_waits_for_previous_grid<paged_decode_merge_kernel<T, D>>(device);
   return static_cast<int>(launch_kernel(paged_decode_merge_kernel<T, D>, dim3(static_cast<unsigned>(rows)),
                                         dim3(kMergeThreads), 0, stream, pdl, p, plan.splits));
 }
