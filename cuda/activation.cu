@@ -31,6 +31,7 @@ __device__ __forceinline__ float exp_approx_ftz(float x) {
 __device__ __forceinline__ float times_sigmoid_approx(float x, float z) { return x * rcp_approx(1.f + exp_approx_ftz(-z)); }
 
 struct Silu {
+  static constexpr bool kMathBound = false;  // see launch_rowwise_map
   // fp32: x * (1 / (1 + e^-x)) with a correctly rounded reciprocal, within an ulp of torch's
   // division and much cheaper than an IEEE divide.
   template <bool kLow>
@@ -40,11 +41,14 @@ struct Silu {
   }
 };
 struct Gelu {
-  // erf has no cheap exact form: both paths keep it.
+  // erf has no cheap exact form: both paths keep it, and big problems need several vectors per
+  // thread in flight to cover it (launch_rowwise_map).
+  static constexpr bool kMathBound = true;
   template <bool kLow>
   __device__ __forceinline__ float apply(float x) const { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 };
 struct GeluTanh {
+  static constexpr bool kMathBound = false;
   template <bool kLow>
   __device__ __forceinline__ float apply(float x) const {
     const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
@@ -59,6 +63,7 @@ template <typename Act>
 struct ActAndMul {
   static constexpr int kLoads = 2;  // x and its gate
   static constexpr bool kCostlyMath = true;  // see launch_rowwise_map
+  static constexpr bool kMathBound = Act::kMathBound;
   int64_t d;
   template <typename T, int VEC>
   __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {

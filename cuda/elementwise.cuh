@@ -1,6 +1,6 @@
 // One row-wise element map shared by scale and the act-and-mul ops. A functor names the
 // vectors it reads for output column c (`load`, kLoads of them) and turns them into VEC output
-// elements (`compute`), and whether that math is costly (`kCostlyMath`, for the launch shape);
+// elements (`compute`), and how costly that math is (`kCostlyMath`, `kMathBound`: the launch shape);
 // the kernel handles strided rows, vector width, the grid, and keeps UNROLL steps of loads in
 // flight before the first use.
 #pragma once
@@ -76,13 +76,13 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
   }
 }
 
-// Launch shape: big problems give each thread 4 vectors per step (4 x 16-byte loads in flight
-// per input), small ones 1, in blocks of up to 256 threads. `spread` (decode batches of an op
-// with costly math, below) makes blocks as narrow as four warps, with as few rows per block as
-// spread the work over about one block per SM: a block of four warps covers the math's latency
-// better than one or two on more SMs (1 x 14336 silu_and_mul on an H200: 56 blocks of 128 threads
-// 1.22 us per call, 112 of 64 1.26; 4 x 2048 1.20 against 1.28). x covers the columns of a row
-// once (the kernel strides when a grid dimension is capped), y the rows.
+// Launch shape: each thread takes UNROLL vectors per step (4 x 16-byte loads in flight per input
+// for big problems of math-bound ops, else 1), in blocks of up to 256 threads. `spread` (decode
+// batches of an op with costly math, below) makes blocks as narrow as four warps, with as few
+// rows per block as spread the work over about one block per SM: a block of four warps covers
+// the math's latency better than one or two on more SMs (1 x 14336 silu_and_mul on an H200: 56
+// blocks of 128 threads 1.22 us per call, 112 of 64 1.26; 4 x 2048 1.20 against 1.28). x covers
+// the columns of a row once (the kernel strides when a grid dimension is capped), y the rows.
 template <typename T, int VEC, int UNROLL, typename Op>
 int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, int sms, bool spread,
                     cudaStream_t stream, bool pdl) {
@@ -130,9 +130,15 @@ int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op,
   if constexpr (Op::kCostlyMath && kNarrow < VEC) {
     if (vectors < int64_t(sms) * 256) return launch_unrolled<T, kNarrow, 1>(out, in, s, op, sms, true, stream, pdl);
   }
-  // 4 vectors per thread only once that still gives every resident thread (2048 per SM) work.
-  if (vectors < int64_t(sms) * 2048 * 4) return launch_unrolled<T, VEC, 1>(out, in, s, op, sms, false, stream, pdl);
-  return launch_unrolled<T, VEC, 4>(out, in, s, op, sms, false, stream, pdl);
+  // 4 vectors per thread for math that needs the overlap (Op::kMathBound), once that still gives
+  // every resident thread (2048 per SM) work. On an H200 at 16384 x 14336, gelu_and_mul (erf) took
+  // 340.6 us that way against 362.6 with one vector per thread; everything else was as fast or
+  // faster with one: scale 32768 x 4096 128.9 against 133.1, 32768 x 8192 253.1 against 262.6,
+  // silu_and_mul 16384 x 14336 325.1 against 327.5, gelu_tanh_and_mul 324.9 against 326.5.
+  if constexpr (Op::kMathBound) {
+    if (vectors >= int64_t(sms) * 2048 * 4) return launch_unrolled<T, VEC, 4>(out, in, s, op, sms, false, stream, pdl);
+  }
+  return launch_unrolled<T, VEC, 1>(out, in, s, op, sms, false, stream, pdl);
 }
 
 }  // namespace opforge::cuda

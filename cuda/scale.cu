@@ -9,6 +9,7 @@ namespace {
 struct Scale {
   static constexpr int kLoads = 1;
   static constexpr bool kCostlyMath = false;  // see launch_rowwise_map
+  static constexpr bool kMathBound = false;
   float factor;
   template <typename T, int VEC>
   __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {
