@@ -31,7 +31,7 @@ __device__ __forceinline__ float exp_approx_ftz(float x) {
 __device__ __forceinline__ float times_sigmoid_approx(float x, float z) { return x * rcp_approx(1.f + exp_approx_ftz(-z)); }
 
 struct Silu {
-  static constexpr bool kMathBound = false;  // see launch_rowwise_map
+  static constexpr bool kMathBound = false;
   // fp32: x * (1 / (1 + e^-x)) with a correctly rounded reciprocal, within an ulp of torch's
   // division and much cheaper than an IEEE divide.
   template <bool kLow>
@@ -63,7 +63,7 @@ template <typename Act>
 struct ActAndMul {
   static constexpr int kLoads = 2;  // x and its gate
   static constexpr bool kCostlyMath = true;  // see launch_rowwise_map
-  static constexpr bool kMathBound = Act::kMathBound;
+  static constexpr bool kMathBound = Act::kMathBound;  // erf: gelu only
   int64_t d;
   template <typename T, int VEC>
   __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {

@@ -1,8 +1,8 @@
 // One row-wise element map shared by scale and the act-and-mul ops. A functor names the
 // vectors it reads for output column c (`load`, kLoads of them) and turns them into VEC output
-// elements (`compute`), and how costly that math is (`kCostlyMath`, `kMathBound`: the launch shape);
-// the kernel handles strided rows, vector width, the grid, and keeps UNROLL steps of loads in
-// flight before the first use.
+// elements (`compute`), and how costly that math is (`kCostlyMath`, `kMathBound`: both shape the
+// launch, see launch_rowwise_map); the kernel handles strided rows, vector width, the grid, and
+// keeps UNROLL steps of loads in flight before the first use.
 #pragma once
 #include <cuda_runtime.h>
 
