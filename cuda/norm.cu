@@ -12,6 +12,17 @@
 namespace opforge::cuda {
 namespace {
 
+// 1 / sqrt(mean of squares + eps) from a row's sum of squares. The mean as a product with the row
+// length's reciprocal, worked out on the host: on the device the division (or even a correctly
+// rounded reciprocal, with its slow-path check) was scheduled after the reduction, on the
+// critical path. A multiply then an add, not one fma: an fma takes only one of its two parameters
+// from the constant bank, and the compiler loaded the other (eps) into a register right there, a
+// load the block waited on after its reduction (5% of a one-row norm's stall samples); the add
+// reads eps from the constant bank itself.
+__device__ __forceinline__ float rstd_of(float sum_of_squares, const NormParams& p) {
+  return rsqrtf(__fadd_rn(__fmul_rn(sum_of_squares, p.inv_hidden), p.eps));
+}
+
 template <int VPT>
 constexpr int kMaxThreads = VPT <= 2 ? 1024 : VPT <= 4 ? 512 : 256;  // = norm_max_threads(VPT)
 
@@ -105,14 +116,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 #pragma unroll
     for (int j = 0; j < width; ++j) sq[j] += sq[j + width];
   }
-  // The mean as a product with the row length's reciprocal, worked out on the host: on the device
-  // the division (or even a correctly rounded reciprocal, with its slow-path check) was scheduled
-  // after the reduction, on the critical path. A multiply then an add, not one fma: an fma takes
-  // only one of its two parameters from the constant bank, and the compiler loaded the other (eps)
-  // into a register right there, a load the block waited on after its reduction (5% of a one-row
-  // norm's stall samples); the add reads eps from the constant bank itself.
-  const float ss = row_sum(sq[0], scratch);
-  const float rstd = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));
+  const float rstd = rstd_of(row_sum(sq[0], scratch), p);
 
   if (!active) return;
   // y = s * rstd * (w + offset) as s * fma(w, rstd, rstd * offset): two instructions per element
@@ -163,8 +167,7 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
 #pragma unroll
     for (int j = 0; j < VEC; ++j) ss += x[j] * x[j];
   }
-  ss = row_sum(ss, scratch);
-  const float rstd = rsqrtf(__fadd_rn(__fmul_rn(ss, p.inv_hidden), p.eps));  // as the register path does
+  const float rstd = rstd_of(row_sum(ss, scratch), p);
 
   const float rstd_offset = rstd * p.weight_offset;  // as the register path does
   const T* w = static_cast<const T*>(p.weight);

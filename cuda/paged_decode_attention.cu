@@ -169,7 +169,7 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
 // 16 bytes global -> shared, bypassing L1; `bytes` 0 writes zeros and reads nothing. No L2
 // prefetch-size hint: with .L2::256B the L2 handled a third more sectors than the KV bytes (hit
 // rate 26% on data read once) and was the busiest unit; without it a long batch runs 5-7% faster
-// on an H200 (bench/results/2026-11-27_h200_*_paged_decode_l2_hint/).
+// on an H200 (bench/results/2026-11-27_h200_9485f2f_paged_decode_l2_hint/).
 __device__ __forceinline__ void copy16(uint32_t dst, const void* src, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");

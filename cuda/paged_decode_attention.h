@@ -62,7 +62,7 @@ constexpr int64_t kPagedDecodeMinPartTokens = 128;
 // h32_kv8_d128 on an H200: 10.3 us in 64 parts of 8 tokens, 11.3 in 4 of 128), or
 // kPagedDecodeSplitTokenFactor x as long where they are splits, merged through memory (head_dim
 // 256: h8_kv1 1 x 512 9.7 us in 16 splits, 11.8 in 64;
-// bench/results/2026-11-27_h200_*_paged_decode_batch1/). At batch 8 of h32_kv8 (64 tasks) they do
+// bench/results/2026-11-27_h200_388744d_paged_decode_batch1/). At batch 8 of h32_kv8 (64 tasks) they do
 // not pay: 8 x 512 takes 13.3 us in 4 parts, 15.2 in 16.
 constexpr int64_t kPagedDecodeFewTaskMinPartTokens = 8;
 // How many times the tokens a part that is a split (its partial output merged through memory)
@@ -150,16 +150,16 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 //    hedge with cost uniform batches 4-17%: h32_kv8 32 x 2048 76.3 us at 1 x 4 warps, 82.6 at
 //    4 x 4; h32_kv4 page size 1 64 x 2048 77.3 against 91.6). One CTA per SM keeps too few bytes
 //    in flight (h32_kv4 page size 1 32 x 8192, 128 tasks: 183.3 us at 1 x 4, 146.5 at 4 x 4;
-//    bench/results/2026-11-27_h200_*_norm_epilogue/paged_kv4_maxlen.md). `tokens` stands for the batch's
+//    bench/results/2026-11-27_h200_74a29b6_norm_epilogue/paged_kv4_maxlen.md). `tokens` stands for the batch's
 //    total there, so a kv_indices buffer much larger than the pages in use makes the average an
 //    overestimate (a slower plan, never a wrong result). (Forced cuts with 8 token warps,
-//    bench/results/2026-11-27_h200_*_paged_decode_token_warps8/: better on skewed batches at 32
+//    bench/results/2026-11-27_h200_7931d11_paged_decode_token_warps8/: better on skewed batches at 32
 //    parts, worse on uniform ones at the 16 the plan hedges with.)
 // Up to four parts are warps of one CTA (head_dim <= 128), the rest splits across CTAs: warps
 // that share a CTA's slice need no second kernel, and one with an empty run costs little.
 // Measured on an H200 against every forced cut up to 4 splits x 4 warps
-// (bench/results/2026-11-27_h200_*_paged_decode_token_warps/) and, at batch 1 and at 256 dims,
-// more (bench/results/2026-11-27_h200_*_paged_decode_batch1/): uniform batches of 32 lose up to
+// (bench/results/2026-11-27_h200_dbceec5_paged_decode_token_warps/) and, at batch 1 and at 256 dims,
+// more (bench/results/2026-11-27_h200_388744d_paged_decode_batch1/): uniform batches of 32 lose up to
 // 9% against their best cut (1 split x 4 warps) for the sake of skewed ones (a 32768-token
 // request among 31 of 512 is 2.5x faster at 16 parts than at 4); batch 1 takes 64 parts at every
 // context.
