@@ -64,6 +64,7 @@ struct ActAndMul {
   static constexpr int kLoads = 2;  // x and its gate
   static constexpr bool kCostlyMath = true;  // see launch_rowwise_map
   static constexpr bool kMathBound = Act::kMathBound;  // erf: gelu only
+  static constexpr bool kJoinsRows = false;  // the gate sits d after each row's x
   int64_t d;
   template <typename T, int VEC>
   __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {

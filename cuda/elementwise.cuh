@@ -1,8 +1,8 @@
 // One row-wise element map shared by scale and the act-and-mul ops. A functor names the
 // vectors it reads for output column c (`load`, kLoads of them) and turns them into VEC output
-// elements (`compute`), and how costly that math is (`kCostlyMath`, `kMathBound`: both shape the
-// launch, see launch_rowwise_map); the kernel handles strided rows, vector width, the grid, and
-// keeps UNROLL steps of loads in flight before the first use.
+// elements (`compute`), how costly that math is (`kCostlyMath`, `kMathBound`: both shape the
+// launch, see launch_rowwise_map) and whether contiguous rows may be mapped as one long row
+// (`kJoinsRows`); the kernels handle strided rows, vector width and the grid.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,10 +26,9 @@ constexpr int kMapThreads = 256;
 // x (block and grid) strides over the columns of a row, y over rows; short rows put several
 // rows in one block (blockDim.y > 1) so no block is mostly idle. kOnce: the grid covers the
 // problem (each thread makes one step, no loops) and every offset fits in 31 bits, so the
-// indices are 32-bit; at decode sizes that one step is the whole kernel, and the instructions
-// before its loads are its latency (a bf16 scale: 28 instructions before the load instead of 39,
-// and no loop after the store; on an H200 1 x 4096 took 1.15 us per call instead of 1.24, and
-// silu_and_mul 1 x 14336 1.24 instead of 1.36).
+// indices are 32-bit: a bf16 scale makes 28 instructions before its load instead of 39, and no
+// loop follows the store (on an H200 1 x 4096 took 1.15 us per call instead of 1.24, before
+// decode sizes got decode_map_kernel below).
 template <typename T, int VEC, int UNROLL, bool kOnce, typename Op>
 __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const T* in, const RowwiseShape s, const Op op) {
   wait_for_previous_grid();
@@ -76,29 +75,63 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
   }
 }
 
-// Launch shape: each thread takes UNROLL vectors per step (4 x 16-byte loads in flight per input
-// for big problems of math-bound ops, else 1), in blocks of up to 256 threads. `spread` (decode
-// batches of an op with costly math, below) makes blocks as narrow as four warps, with as few
-// rows per block as spread the work over about one block per SM: a block of four warps covers
-// the math's latency better than one or two on more SMs (1 x 14336 silu_and_mul on an H200: 56
-// blocks of 128 threads 1.22 us per call, 112 of 64 1.26; 4 x 2048 1.20 against 1.28). x covers
-// the columns of a row once (the kernel strides when a grid dimension is capped), y the rows.
-template <typename T, int VEC, int UNROLL, typename Op>
-int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, int sms, bool spread,
-                    cudaStream_t stream, bool pdl) {
-  const int64_t nv = (s.cols + VEC - 1) / VEC;
-  int64_t width = int64_t(kMapThreads) * UNROLL;  // most vectors of a row per block
-  if (spread) {
-    const int64_t per_sm = (s.rows * nv + sms - 1) / sms;
-    width = std::clamp<int64_t>((per_sm + 31) / 32 * 32, 128, kMapThreads);
+// Decode sizes (fewer 16-byte vectors than 256 per SM): one vector per thread in a grid that
+// covers the problem, blocks of 256 threads over a row's columns (x) and one row per block row
+// (y), a 64-bit column index. Where the input and output are each one contiguous run (one row, or
+// rows laid end to end for an op whose functor allows it, Op::kJoinsRows) the grid is 1-D and the
+// path to the first load is the block and thread ids, one wide multiply-add and base pointers in
+// uniform registers: 21 instructions for a bf16 scale, where the 2-D row-wise kernel's one-step
+// form takes 28 (its 32-bit indices, blockDim products and row-stride multiply). On an H200
+// (CUDA-graph replay, medians over 10 buffer placements, torch.compile in the same run): scale
+// 1 x 4096 1.13 -> 1.08 us (1.11), silu_and_mul 1 x 11008 1.22 -> 1.18 (1.21), 1 x 28672 1.28 ->
+// 1.24 (1.25), gelu_tanh_and_mul 1 x 14336 1.24 -> 1.20 (1.29). 256 threads per block against 128,
+// alternated twice in one run: 1 x 28672 silu 1.19 against 1.23-1.24, 32 x 4096 scale 1.23-1.24
+// against 1.27, 1 x 4096 scale 1.12-1.13 against 1.11; 16 x 14336 silu 1.37 against 1.73.
+constexpr int kDecodeThreads = 256;
+
+template <typename T, int VEC, bool kRows, typename Op>
+__global__ void __launch_bounds__(kDecodeThreads) decode_map_kernel(T* out, const T* in, const RowwiseShape s,
+                                                                    const Op op) {
+  wait_for_previous_grid();
+  const int64_t c = (int64_t(blockIdx.x) * kDecodeThreads + threadIdx.x) * VEC;
+  if (c >= s.cols) return;
+  if constexpr (kRows) {
+    in += int64_t(blockIdx.y) * s.in_stride;
+    out += int64_t(blockIdx.y) * s.out_stride;
   }
+  Vec<T, VEC> raw[Op::kLoads];
+  op.template load<T, VEC>(in, c, raw);
+  float y[VEC];
+  op.template compute<T, VEC>(raw, y);
+  store_float<T, VEC>(out + c, y);
+}
+
+template <typename T, int VEC, typename Op>
+int launch_decode(T* out, const T* in, const RowwiseShape& s, const Op& op, cudaStream_t stream, bool pdl) {
+  const bool joined = s.rows == 1 || (Op::kJoinsRows && s.in_stride == s.cols && s.out_stride == s.cols);
+  const RowwiseShape f = joined ? RowwiseShape{1, s.rows * s.cols, s.rows * s.cols, s.rows * s.cols} : s;
+  const int64_t blocks = ((f.cols + VEC - 1) / VEC + kDecodeThreads - 1) / kDecodeThreads;
+  const dim3 grid{unsigned(blocks), unsigned(f.rows)}, block{unsigned(kDecodeThreads)};
+  const cudaError_t err = joined
+      ? launch_kernel(decode_map_kernel<T, VEC, false, Op>, grid, block, 0, stream, pdl, out, in, f, op)
+      : launch_kernel(decode_map_kernel<T, VEC, true, Op>, grid, block, 0, stream, pdl, out, in, f, op);
+  return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
+}
+
+// Launch shape of the row-wise map past decode sizes: each thread takes UNROLL vectors per step
+// (4 x 16-byte loads in flight per input for big problems of math-bound ops, else 1), in blocks
+// of up to 256 threads; x covers the columns of a row once (the kernel strides when a grid
+// dimension is capped), y the rows.
+template <typename T, int VEC, int UNROLL, typename Op>
+int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, cudaStream_t stream, bool pdl) {
+  const int64_t nv = (s.cols + VEC - 1) / VEC;
+  const int64_t width = int64_t(kMapThreads) * UNROLL;  // most vectors of a row per block
   // Blocks per row first, then threads per block just wide enough for an even split (a row of
   // 1376 vectors is two blocks of 192 threads, not 256 + a mostly idle 256).
   const int64_t gx = std::min<int64_t>((nv + width - 1) / width, INT32_MAX);
   const int64_t per_block = (nv + gx - 1) / gx;
   const int64_t tx = std::min<int64_t>(kMapThreads, (per_block + UNROLL * 32 - 1) / (UNROLL * 32) * 32);
-  int64_t ty = kMapThreads / tx;
-  if (spread) ty = std::clamp<int64_t>((s.rows * gx + sms - 1) / sms, 1, ty);  // about one block per SM
+  const int64_t ty = kMapThreads / tx;
   const int64_t gy = std::min<int64_t>((s.rows + ty - 1) / ty, 65535);
   // One step per thread where the grid covers the problem and every offset (the last row's
   // start plus a row, rounded up to whole steps) stays below 2^31.
@@ -111,24 +144,25 @@ int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, in
   return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
 }
 
-// Decode batches (fewer 16-byte vectors than 256 per SM) of an op with costly math per
-// element (Op::kCostlyMath: an exp and a reciprocal for silu) read 4 bytes per thread instead,
-// spread over the SMs: the math then runs as short chains on many SMs rather than as 8-element
-// chains on a few, which is what bounds a launch this small. 1 x 14336 silu_and_mul on an H200:
-// 1792 threads of 8 elements on 7 SMs (286 instructions per warp) took 1.65 us per call in a CUDA
-// graph, 7168 threads of 2 on 112 SMs 1.28 us (torch.compile 1.20), on 56 SMs in blocks of four
-// warps (launch_unrolled) 1.22 (torch.compile 1.24 in that run). Up to 256 vectors per SM, not
-// 64: 8 x 14336 gelu_and_mul 1.69 -> 1.41 us, silu_and_mul 1.37 -> 1.32, 16 x 14336 gelu 1.80 ->
-// 1.58 (32 rows, past the bound, unchanged at 1.69). A plain scale does not gain.
+// At decode sizes an op with costly math per element (Op::kCostlyMath: an exp and a reciprocal
+// for silu) reads 4 bytes per thread instead of 16: the math then runs as short chains on many
+// SMs rather than as 8-element chains on a few, which is what bounds a launch this small (1 x
+// 14336 silu_and_mul on an H200: 1792 threads of 8 elements on 7 SMs took 1.65 us per call in a
+// CUDA graph, 7168 threads of 2 1.28 us; 8 x 14336 gelu_and_mul 1.69 -> 1.41). A plain scale does
+// not gain.
 template <typename T, int VEC, typename Op>
 int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream,
                        bool pdl = false) {
   if (s.rows == 0 || s.cols == 0) return 0;
   const int sms = sm_count(device);
   const int64_t vectors = s.rows * ((s.cols + VEC - 1) / VEC);
-  constexpr int kNarrow = VEC * int(sizeof(T)) >= 16 && sizeof(T) <= 4 ? 4 / int(sizeof(T)) : VEC;
-  if constexpr (Op::kCostlyMath && kNarrow < VEC) {
-    if (vectors < int64_t(sms) * 256) return launch_unrolled<T, kNarrow, 1>(out, in, s, op, sms, true, stream, pdl);
+  if (vectors < int64_t(sms) * 256 && s.rows <= 65535) {  // decode sizes; y of a grid is at most 65535
+    constexpr int kNarrow = VEC * int(sizeof(T)) >= 16 && sizeof(T) <= 4 ? 4 / int(sizeof(T)) : VEC;
+    if constexpr (Op::kCostlyMath && kNarrow < VEC) {
+      return launch_decode<T, kNarrow>(out, in, s, op, stream, pdl);
+    } else {
+      return launch_decode<T, VEC>(out, in, s, op, stream, pdl);
+    }
   }
   // 4 vectors per thread for math that needs the overlap (Op::kMathBound), once that still gives
   // every resident thread (2048 per SM) work. On an H200 at 16384 x 14336, gelu_and_mul (erf) took
@@ -136,9 +170,9 @@ int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op,
   // faster with one: scale 32768 x 4096 128.9 against 133.1, 32768 x 8192 253.1 against 262.6,
   // silu_and_mul 16384 x 14336 325.1 against 327.5, gelu_tanh_and_mul 324.9 against 326.5.
   if constexpr (Op::kMathBound) {
-    if (vectors >= int64_t(sms) * 2048 * 4) return launch_unrolled<T, VEC, 4>(out, in, s, op, sms, false, stream, pdl);
+    if (vectors >= int64_t(sms) * 2048 * 4) return launch_unrolled<T, VEC, 4>(out, in, s, op, stream, pdl);
   }
-  return launch_unrolled<T, VEC, 1>(out, in, s, op, sms, false, stream, pdl);
+  return launch_unrolled<T, VEC, 1>(out, in, s, op, stream, pdl);
 }
 
 }  // namespace opforge::cuda

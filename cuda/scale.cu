@@ -10,6 +10,7 @@ struct Scale {
   static constexpr int kLoads = 1;
   static constexpr bool kCostlyMath = false;  // see launch_rowwise_map
   static constexpr bool kMathBound = false;
+  static constexpr bool kJoinsRows = true;  // elementwise: contiguous rows are one long row
   float factor;
   template <typename T, int VEC>
   __device__ __forceinline__ void load(const T* row, int64_t c, Vec<T, VEC> (&raw)[kLoads]) const {
