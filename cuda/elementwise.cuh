@@ -82,11 +82,12 @@ __global__ void __launch_bounds__(kMapThreads) rowwise_map_kernel(T* out, const 
 // path to the first load is the block and thread ids, one wide multiply-add and base pointers in
 // uniform registers: 21 instructions for a bf16 scale, where the 2-D row-wise kernel's one-step
 // form takes 28 (its 32-bit indices, blockDim products and row-stride multiply). On an H200
-// (CUDA-graph replay, medians over 10 buffer placements, torch.compile in the same run): scale
-// 1 x 4096 1.13 -> 1.08 us (1.11), silu_and_mul 1 x 11008 1.22 -> 1.18 (1.21), 1 x 28672 1.28 ->
-// 1.24 (1.25), gelu_tanh_and_mul 1 x 14336 1.24 -> 1.20 (1.29). 256 threads per block against 128,
-// alternated twice in one run: 1 x 28672 silu 1.19 against 1.23-1.24, 32 x 4096 scale 1.23-1.24
-// against 1.27, 1 x 4096 scale 1.12-1.13 against 1.11; 16 x 14336 silu 1.37 against 1.73.
+// (CUDA-graph replay, medians over 10 buffer placements, torch.compile in the same run):
+// silu_and_mul 1 x 11008 1.21 -> 1.15 us (1.20), 1 x 28672 1.28 -> 1.19 (1.24), 8 x 4096 1.30 ->
+// 1.23 (1.25), gelu_tanh_and_mul 1 x 14336 1.24 -> 1.18 (1.29), scale 1 x 4096 1.13 -> 1.12 (1.09).
+// 256 threads per block against 128, alternated twice in one run: 1 x 28672 silu 1.19 against
+// 1.23-1.24, 32 x 4096 scale 1.23-1.24 against 1.27, 1 x 4096 scale 1.12-1.13 against 1.11;
+// 16 x 14336 silu 1.37 against 1.73 (bench/results/2026-11-27_h200_5eddb83_decode_map/).
 constexpr int kDecodeThreads = 256;
 
 template <typename T, int VEC, bool kRows, typename Op>
