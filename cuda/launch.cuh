@@ -41,16 +41,20 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Whether the image of `kKernel` loaded for `device` (the current device) was compiled for sm_90
-// or newer, so that its wait_for_previous_grid() exists: an sm_80 image also runs on a Hopper GPU,
-// where a PDL launch of it would read the previous kernel's output before it is written. Read once
-// per device.
+// Whether the code of `kKernel` loaded for `device` (the current device) was generated for a
+// virtual arch of 9.0 or newer, so that its wait_for_previous_grid() exists. A build with PTX for
+// an older arch only (CUDA_ARCH_LIST="8.0+PTX") runs on a Hopper GPU by JIT-compiling that PTX:
+// the image is then sm_90 (binaryVersion 90) but was written without the wait (ptxVersion 80),
+// and a PDL launch of it would read the previous kernel's output before it is written. Where the
+// driver reports no PTX version (0), the image's own arch decides. Read once per device. Every
+// kernel of one .cu file is compiled for the same archs, so any of them tells.
 template <auto kKernel>
 bool image_waits_for_previous_grid(int device) {
   static PerDevice memo;  // 1 yes, -1 no
   return memo.get(device, [] {
     cudaFuncAttributes attr{};
-    const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.binaryVersion >= 90;
+    const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.binaryVersion >= 90 &&
+                     (attr.ptxVersion >= 90 || attr.ptxVersion == 0);
     if (!yes) cudaGetLastError();  // not the launch's error
     return yes ? 1 : -1;
   }) > 0;

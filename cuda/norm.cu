@@ -197,14 +197,17 @@ int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
   // Register path: a row along x (group threads), l.threads / group rows along y.
   const dim3 grid(static_cast<unsigned>(l.blocks));
   const dim3 block(static_cast<unsigned>(l.group), static_cast<unsigned>(l.group > 0 ? l.threads / l.group : 1));
+  // PDL where asked and the loaded code waits for the previous grid (launch.cuh); a plain launch,
+  // serialised on the stream, otherwise.
+  const bool pdl = p.pdl && image_waits_for_previous_grid<norm_rows_streaming_kernel<T, VEC, ADD>>(device);
   cudaError_t err;
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
-    case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, p.pdl, p); break;
-    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, p.pdl, p); break;
-    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, p.pdl, p); break;
-    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, p.pdl, p); break;
-    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, pdl, p); break;
+    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, pdl, p); break;
+    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, pdl, p); break;
+    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, pdl, p); break;
+    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, pdl, p); break;
     default: return static_cast<int>(cudaErrorInvalidConfiguration);
   }
   return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
