@@ -65,7 +65,8 @@ def render(results: dict) -> str:
     m = results["meta"]
     lines = [f"# enable_pdl on back-to-back norm -> activation — {m.get('gpu', 'CPU (dry run)')}\n",
              f"torch {m['torch']}, commit {m['commit']}, {m['time_utc']}; hidden {HIDDEN}, bf16, "
-             f"{LAYERS} layers per CUDA graph, µs per layer (fused_add_rmsnorm + silu_and_mul)\n",
+             f"{LAYERS} layers per CUDA graph, µs per layer (fused_add_rmsnorm + silu_and_mul); "
+             f"enable_pdl=True launches with PDL: {m.get('launches_with_pdl')}\n",
              "| rows | plain µs | enable_pdl µs | saved |", "|---|---|---|---|"]
     for r in results["rows"]:
         saved = (fmt(r["plain"] - r["pdl"], 2) + " µs") if "pdl" in r else ""
@@ -83,7 +84,12 @@ def main(argv=None) -> int:
     if cuda and torch.cuda.get_device_capability() < (9, 0):
         print("programmatic dependent launch needs compute capability 9.0+: nothing to compare here")
         return 0
-    results = {"meta": collect_meta(args, cuda), "rows": []}
+    # Whether enable_pdl=True launches really use PDL on this GPU with this build (code generated
+    # for an older arch is launched plainly): a table of "pdl" times means nothing otherwise.
+    from opforge import _C
+
+    launches_with_pdl = _C.launches_with_pdl(torch.cuda.current_device()) if cuda else None
+    results = {"meta": collect_meta(args, cuda, launches_with_pdl=launches_with_pdl), "rows": []}
     with torch.no_grad():
         for rows in ROWS[:2] if args.dry_run else ROWS:
             results["rows"].append(measure(rows, cuda))

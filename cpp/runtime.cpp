@@ -5,7 +5,9 @@
 #include "opforge_build_config.h"
 #include "tensor_view.h"
 #ifdef OPFORGE_WITH_CUDA
+#include "activation.h"
 #include "device.h"
+#include "norm.h"
 #endif
 
 namespace opforge {
@@ -25,6 +27,23 @@ void bind_runtime(nb::module_& m) {
     d["commit"] = std::string(OPFORGE_COMMIT);
     return d;
   });
+  m.def(
+      "launches_with_pdl",
+      [](int device) {
+        nb::dict d;
+#ifdef OPFORGE_WITH_CUDA
+        d["norm"] = cuda::norm_launches_with_pdl(device);
+        d["act_and_mul"] = cuda::act_and_mul_launches_with_pdl(device);
+#else
+        d["norm"] = false;
+        d["act_and_mul"] = false;
+#endif
+        return d;
+      },
+      nb::arg("device"),
+      "Whether enable_pdl=True launches of the norms and the act-and-mul ops on CUDA device `device` use "
+      "programmatic dependent launch: the code loaded for that GPU waits for the previous kernel (else they "
+      "launch plainly).");
   m.def(
       "norm_launch_shape",
       [](int64_t rows, int64_t hidden, int vec, int sms, int vpt) {

@@ -105,6 +105,13 @@ int launch_typed(const ActMulParams& p, int device, cudaStream_t stream) {
 
 }  // namespace
 
+bool act_and_mul_launches_with_pdl(int device) {
+  DeviceGuard guard(device);
+  // The kernel a bf16 silu_and_mul's launch checks (launch_rowwise_map): every kernel of this
+  // file is compiled for the same archs.
+  return image_waits_for_previous_grid<rowwise_map_kernel<__nv_bfloat16, 8, 1, false, ActAndMul<Silu>>>(device);
+}
+
 int launch_act_and_mul(const ActMulParams& p, int device, void* stream_ptr) {
   if (p.rows == 0 || p.d == 0) return 0;
   DeviceGuard guard(device);

@@ -23,4 +23,8 @@ struct ActMulParams {
 
 int launch_act_and_mul(const ActMulParams& p, int device, void* stream);
 
+// Whether a launch with `pdl` set on `device` is made with programmatic dependent launch: the
+// code loaded for the GPU waits for the previous grid (launch.cuh); otherwise it is a plain launch.
+bool act_and_mul_launches_with_pdl(int device);
+
 }  // namespace opforge::cuda

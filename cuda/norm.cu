@@ -232,6 +232,13 @@ int launch_typed(const NormParams& p, int device, cudaStream_t stream) {
 
 }  // namespace
 
+bool norm_launches_with_pdl(int device) {
+  DeviceGuard guard(device);
+  // The kernel launch_shaped checks for a bf16 RMSNorm: every kernel of this file is compiled for
+  // the same archs.
+  return image_waits_for_previous_grid<norm_rows_streaming_kernel<__nv_bfloat16, 8, false>>(device);
+}
+
 int launch_norm(const NormParams& p, int device, void* stream_ptr) {
   if (p.rows == 0) return 0;
   DeviceGuard guard(device);

@@ -35,4 +35,8 @@ struct NormParams {
 // Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).
 int launch_norm(const NormParams& p, int device, void* stream);
 
+// Whether a launch with `pdl` set on `device` is made with programmatic dependent launch: the
+// code loaded for the GPU waits for the previous grid (launch.cuh); otherwise it is a plain launch.
+bool norm_launches_with_pdl(int device);
+
 }  // namespace opforge::cuda

@@ -46,6 +46,18 @@ def test_enable_pdl_takes_a_bool(name, value):
         _call(name, x, w, enable_pdl=value)
 
 
+def test_launches_with_pdl_answers_without_a_usable_gpu():
+    """The query behind enable_pdl's fallback answers for any device index, with no GPU, in a
+    build without CUDA, or for a device that does not exist: no PDL there, and no error left
+    behind for the next launch to report."""
+    from opforge import _C
+
+    if torch.cuda.is_available() and opforge.build_info()["cuda"]:
+        pytest.skip("a usable GPU is here: the GPU test below covers it")
+    for device in (0, 3):
+        assert _C.launches_with_pdl(device) == {"norm": False, "act_and_mul": False}
+
+
 # --- CUDA ------------------------------------------------------------------------------------
 
 
@@ -63,6 +75,26 @@ def test_pdl_on_a_gpu_without_it_is_refused():
     x, w = torch.randn(3, 16, device="cuda"), torch.randn(16, device="cuda")
     with pytest.raises(ValueError, match=rf"compute capability 9\.0 or newer .*; cuda:\d is {major}\.{minor}"):
         opforge.rmsnorm(x, w, enable_pdl=True)
+
+
+@pytest.mark.gpu
+def test_a_build_with_hopper_code_launches_with_pdl():
+    """enable_pdl=True launches with PDL only where the code loaded for the GPU waits for the
+    previous kernel (code generated for 9.0+; PTX of an older arch JIT-compiled for the GPU has no
+    wait, and is launched plainly). A build holding 9.0 code must use it on such a GPU."""
+    if not _pdl_gpu():
+        pytest.skip("needs a GPU of compute capability 9.0+")
+    from opforge import _C
+    from opforge._ext import _arch_runs_on, compute_capability
+
+    device = torch.cuda.current_device()
+    cc = compute_capability(device)
+    archs = opforge.build_info()["cuda_archs"]
+    # The driver prefers compiled code for the GPU (SASS, the arch without "+PTX") to PTX.
+    sass = [a.removesuffix("+PTX") for a in archs if _arch_runs_on(a.removesuffix("+PTX"), cc)]
+    if not any(int(a.split(".")[0]) >= 9 for a in sass):
+        pytest.skip(f"this build has no compiled 9.0+ code for compute capability {cc} ({archs})")
+    assert _C.launches_with_pdl(device) == {"norm": True, "act_and_mul": True}
 
 
 @pytest.mark.gpu
