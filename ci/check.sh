@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU check that CI runs (via .ci/run) on a fresh clone: install, build with CUDA for one
-# arch (so every .cu file compiles), confirm the build, run the tests and the benchmark suite in
-# its quick CPU mode. No GPU needed; GPU tests skip themselves.
+# arch (so every .cu file compiles), confirm the build, compile the device code for the other
+# archs that matter (8.0, 10.0a), run the tests and the benchmark suite in its quick CPU mode. No
+# GPU needed; GPU tests skip themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,18 @@ print(info)
 assert info["cuda"], "the CI build must contain CUDA kernels"
 assert info["cuda_archs"], info
 PY
+
+step "device code for 8.0 (in the default build) and 10.0a (the hardware FP4 path)"
+# The build above compiles for one arch; the default wheel also holds 8.0 code, and the NVFP4
+# kernel has a path only Blackwell-family targets compile. Device code only, as the build's flags.
+start=$(date +%s)
+for arch in 80 100a; do
+  for source in cuda/*.cu; do
+    "${CUDACXX:-nvcc}" -O3 -DNDEBUG -std=c++17 "--generate-code=arch=compute_${arch},code=[sm_${arch}]" -Icuda -cubin \
+      -o /dev/null "$source"
+  done
+done
+echo "sm_80 and sm_100a device code: $(( $(date +%s) - start )) s"
 
 step "tests"
 # The browser tests of the HTML report fail instead of skipping when chromium is missing.

@@ -11,8 +11,8 @@
 // the GPU it runs on, so the choice is made at run time per GPU:
 // * Blackwell-family targets (10.0a/f, 10.3a, 11.0a, 12.0a/f, ...; __CUDA_ARCH_FAMILY_SPECIFIC__
 //   >= 1000) have cvt.rn.f16x2.e2m1x2, one instruction per FP4 pair. No GPU of that family was
-//   available when this path was written: it is compiled (CUDA_ARCH_LIST="9.0a;10.0a") but has
-//   not run.
+//   available when this path was written: it is compiled (CUDA_ARCH_LIST="9.0a;10.0a"; CI
+//   compiles it for sm_100a in ci/check.sh) but has not run.
 // * Older GPUs (sm_80, sm_89, sm_90) have no FP4 instructions: byte-table lookups (prmt) turn
 //   four codes at a time into small integers and dp4a adds their products.
 // E4M3 scales use cvt.rn.f16x2.e4m3x2 from sm_89 on, the same bit placement before.
