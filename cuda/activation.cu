@@ -103,20 +103,26 @@ int launch_typed(const ActMulParams& p, int device, cudaStream_t stream) {
   }
 }
 
+// Whether this file's code loaded for `device` (the current device) waits for the previous grid
+// (launch.cuh): its kernels are all compiled for the same archs, so one of them tells.
+bool code_waits_for_previous_grid(int device) {
+  return image_waits_for_previous_grid<rowwise_map_kernel<float, 1, 1, false, ActAndMul<Silu>>>(device);
+}
+
 }  // namespace
 
 bool act_and_mul_launches_with_pdl(int device) {
   DeviceGuard guard(device);
-  // The kernel a bf16 silu_and_mul's launch checks (launch_rowwise_map): every kernel of this
-  // file is compiled for the same archs.
-  return image_waits_for_previous_grid<rowwise_map_kernel<__nv_bfloat16, 8, 1, false, ActAndMul<Silu>>>(device);
+  return code_waits_for_previous_grid(device);
 }
 
 int launch_act_and_mul(const ActMulParams& p, int device, void* stream_ptr) {
   if (p.rows == 0 || p.d == 0) return 0;
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  return dispatch_dtype(p.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, device, stream); });
+  ActMulParams q = p;
+  q.pdl = p.pdl && code_waits_for_previous_grid(device);  // else a plain launch, serialised on the stream
+  return dispatch_dtype(q.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(q, device, stream); });
 }
 
 }  // namespace opforge::cuda

@@ -155,8 +155,6 @@ template <typename T, int VEC, typename Op>
 int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream,
                        bool pdl = false) {
   if (s.rows == 0 || s.cols == 0) return 0;
-  // PDL where asked and the loaded code waits for the previous grid (launch.cuh).
-  pdl = pdl && image_waits_for_previous_grid<rowwise_map_kernel<T, VEC, 1, false, Op>>(device);
   const int sms = sm_count(device);
   const int64_t vectors = s.rows * ((s.cols + VEC - 1) / VEC);
   if (vectors < int64_t(sms) * 256 && s.rows <= 65535) {  // decode sizes; y of a grid is at most 65535

@@ -197,17 +197,14 @@ int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
   // Register path: a row along x (group threads), l.threads / group rows along y.
   const dim3 grid(static_cast<unsigned>(l.blocks));
   const dim3 block(static_cast<unsigned>(l.group), static_cast<unsigned>(l.group > 0 ? l.threads / l.group : 1));
-  // PDL where asked and the loaded code waits for the previous grid (launch.cuh); a plain launch,
-  // serialised on the stream, otherwise.
-  const bool pdl = p.pdl && image_waits_for_previous_grid<norm_rows_streaming_kernel<T, VEC, ADD>>(device);
   cudaError_t err;
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
-    case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, pdl, p); break;
-    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, pdl, p); break;
-    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, pdl, p); break;
-    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, pdl, p); break;
-    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, pdl, p); break;
+    case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 1: err = launch_kernel(norm_rows_kernel<T, VEC, 1, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 2: err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 4: err = launch_kernel(norm_rows_kernel<T, VEC, 4, ADD>, grid, block, 0, stream, p.pdl, p); break;
+    case 8: err = launch_kernel(norm_rows_kernel<T, VEC, 8, ADD>, grid, block, 0, stream, p.pdl, p); break;
     default: return static_cast<int>(cudaErrorInvalidConfiguration);
   }
   return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
@@ -230,13 +227,17 @@ int launch_typed(const NormParams& p, int device, cudaStream_t stream) {
   return wide ? launch_shaped<T, kVec, false>(p, device, stream) : launch_shaped<T, 1, false>(p, device, stream);
 }
 
+// Whether this file's code loaded for `device` (the current device) waits for the previous grid
+// (launch.cuh): its kernels are all compiled for the same archs, so one of them tells.
+bool code_waits_for_previous_grid(int device) {
+  return image_waits_for_previous_grid<norm_rows_streaming_kernel<float, 1, false>>(device);
+}
+
 }  // namespace
 
 bool norm_launches_with_pdl(int device) {
   DeviceGuard guard(device);
-  // The kernel launch_shaped checks for a bf16 RMSNorm: every kernel of this file is compiled for
-  // the same archs.
-  return image_waits_for_previous_grid<norm_rows_streaming_kernel<__nv_bfloat16, 8, false>>(device);
+  return code_waits_for_previous_grid(device);
 }
 
 int launch_norm(const NormParams& p, int device, void* stream_ptr) {
@@ -245,6 +246,7 @@ int launch_norm(const NormParams& p, int device, void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   NormParams q = p;
   q.inv_hidden = 1.f / static_cast<float>(p.hidden);  // correctly rounded, as on the device
+  q.pdl = p.pdl && code_waits_for_previous_grid(device);  // else a plain launch, serialised on the stream
   return dispatch_dtype(q.dtype, [&](auto tag) { return launch_typed<decltype(tag)>(q, device, stream); });
 }
 
