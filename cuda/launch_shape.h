@@ -48,8 +48,13 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
 //   alike (at hidden 4096 and 8192, 8 was 3-7% slower for RMSNorm and 6-13% for the fused add),
 //   unless that needs a group wider than 256 threads, where the wider reduction costs more than
 //   the loads save and 8 serve;
-// - smaller batches (decode) run best with groups of at most 256 threads holding as few vectors
-//   each as that allows (1 for hidden 2048 in bf16, 2 for 4096, 4 for 8192, 8 for 16384).
+// - smaller batches (decode) run best with 2 vectors per thread where that keeps the group within
+//   384 threads (bf16 rows up to 6144), else with groups of at most 256 threads holding as few
+//   vectors each as that allows (4 for hidden 8192, 8 for 16384), and with one row per block,
+//   spread over as many SMs as there are rows (bf16, CUDA-graph replay, µs: hidden 2048 one row
+//   1.47 with 1 vector per thread, 1.37 with 2; 32 rows two to a block 1.59, one 1.47; 5120 one
+//   row 1.74 with 4, 1.61 with 2; 8192 1.78 with 4, 1.83 with 2;
+//   bench/results/2026-11-27_h200_*_norm_decode_shape/).
 // Rows too long for registers use the streaming kernel, which re-reads the row from L2 and needs
 // no shared memory at any size. `force_vpt` >= 0 overrides the choice (0 = streaming; for
 // tuning); an infeasible override returns vecs_per_thread = -1.
@@ -65,6 +70,7 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
     RowLaunch c;
     if (!norm_register_launch(rows, nv, vpt, &c)) continue;
     if (any.vecs_per_thread < 0) any = c;
+    if (vpt == 2 && c.group <= 384) small = c;  // ahead of a 1-vector group within 256 threads
     if (small.vecs_per_thread < 0 && c.group <= 256) small = c;
     if (vpt == 8 || (vpt == 4 && c.group <= 256)) {
       if (large.vecs_per_thread < 0) large = c;
@@ -73,7 +79,12 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
   if (any.vecs_per_thread < 0) return norm_streaming_launch(rows, nv);
   // Enough bytes in flight to cover memory latency: about 4096 vectors per multiprocessor.
   if (large.vecs_per_thread > 0 && rows * large.group * large.vecs_per_thread >= int64_t(sms) * 4096) return large;
-  return small.vecs_per_thread > 0 ? small : any;
+  RowLaunch decode = small.vecs_per_thread > 0 ? small : any;
+  if (decode.group >= 32) {  // one row per block (sub-warp rows stay packed: a block per row of 16 threads would idle)
+    decode.threads = decode.group;
+    decode.blocks = rows;
+  }
+  return decode;
 }
 
 }  // namespace opforge

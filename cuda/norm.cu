@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kMaxThreads<VPT>) norm_rows_kernel(const NormP
 #pragma unroll
     for (int j = 0; j < width; ++j) sq[j] += sq[j + width];
   }
-  const float rstd = rstd_of(row_sum(sq[0], scratch), p);
+  const float rstd = rstd_of(row_sum</*kFixedSecondStage=*/(VPT >= 4)>(sq[0], scratch), p);
 
   if (!active) return;
   // y = s * rstd * (w + offset) as s * fma(w, rstd, rstd * offset): two instructions per element
