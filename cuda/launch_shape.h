@@ -54,7 +54,7 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
 //   spread over as many SMs as there are rows (bf16, CUDA-graph replay, µs: hidden 2048 one row
 //   1.47 with 1 vector per thread, 1.37 with 2; 32 rows two to a block 1.59, one 1.47; 5120 one
 //   row 1.74 with 4, 1.61 with 2; 8192 1.78 with 4, 1.83 with 2;
-//   bench/results/2026-11-27_h200_*_norm_decode_shape/).
+//   bench/results/2026-11-27_h200_36bdb17_norm_decode_shape/).
 // Rows too long for registers use the streaming kernel, which re-reads the row from L2 and needs
 // no shared memory at any size. `force_vpt` >= 0 overrides the choice (0 = streaming; for
 // tuning); an infeasible override returns vecs_per_thread = -1.
