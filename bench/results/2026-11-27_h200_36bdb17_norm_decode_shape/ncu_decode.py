@@ -6,8 +6,9 @@ import opspecs
 from opspecs import SPEC
 from roofline import configure_dynamo
 
-CASES = [("scale", 1, 4096), ("scale", 32, 4096), ("gemma_rmsnorm", 1, 4096), ("gemma_rmsnorm", 32, 4096),
-         ("rmsnorm", 1, 4096), ("silu_and_mul", 4, 2048), ("gelu_and_mul", 32, 4096)]
+CASES = [("rmsnorm", 1, 1024), ("rmsnorm", 32, 1024), ("rmsnorm", 256, 512), ("gemma_rmsnorm", 32, 4096),
+         ("rmsnorm", 1, 4096), ("rmsnorm", 1, 2048), ("scale", 1, 4096)]
+REPEATS = int(os.environ.get("REPEATS", "1"))
 liger, _ = opspecs.liger_peers()
 configure_dynamo()
 calls = []
@@ -29,7 +30,8 @@ with torch.no_grad():
         print("CALL", label, flush=True)
         torch.cuda.nvtx.range_push(label)
         torch.cuda.profiler.start()
-        fn()
+        for _ in range(REPEATS):
+            fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
         torch.cuda.nvtx.range_pop()
