@@ -5,6 +5,7 @@ and failures that must not reach the model."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -105,6 +106,80 @@ def test_failing_calls_never_reach_the_model(tmp_path, rng, capsys):
     assert "5 calls could not be recorded (first: gather_rows_h8: RuntimeError: inputs unavailable)" in err
     assert tracer.stats()[GATHER.name]["kept"] == 0
     record(Broken(*args))  # tracing off: nothing happens
+
+
+def _signal_inside(monkeypatch, signum):
+    """Every Workload the tracer builds raises `signum` from inside a finalizer first: Python runs
+    the handler right there, where an exception it raises is discarded ("Exception ignored in"),
+    as it is under pydantic's validation."""
+    class Finalized:
+        def __del__(self):
+            signal.raise_signal(signum)
+
+    real = tracer_module.Workload
+
+    def workload(*args, **kwargs):
+        Finalized()  # collected at once: its __del__ runs here
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracer_module, "Workload", workload)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread(),
+                    reason="needs SIGTERM and the main thread")
+@pytest.mark.parametrize("calls", [1, 3])
+def test_a_signal_during_a_recording_is_handled_when_it_is_done(tmp_path, rng, monkeypatch, calls):
+    ran = []
+
+    def mine(signum, frame):
+        ran.append(signum)
+        raise SystemExit(3)
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        enable_tracing(dataset_dir=tmp_path / "ds", tracing_configs=ALL)
+        w = rng.randn(H)
+        for i in range(calls - 1):  # calls before the signal go through untouched
+            opforge.rmsnorm(rng.randn(i + 1, H), w)
+        _signal_inside(monkeypatch, signal.SIGTERM)
+        x = rng.randn(7, H)
+        with pytest.raises(SystemExit) as exc:
+            opforge.rmsnorm(x, w)
+        # The handler ran once, after the recording (not inside it, where its exit was lost),
+        # and after tracing flushed: the interrupted call's workload is on disk.
+        assert exc.value.code == 3 and ran == [signal.SIGTERM]
+        kept = workloads(tmp_path / "ds", NORM)
+        assert [wl.axes["batch_size"] for wl in kept] == [*range(1, calls), 7]
+        monkeypatch.undo()
+        opforge.rmsnorm(rng.randn(2, H), w)  # nothing left over: the next call records as usual
+        assert ran == [signal.SIGTERM]
+    finally:
+        disable_tracing()
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
+def test_signals_noted_in_one_recording_all_run_and_the_first_exception_leaves(tmp_path, rng, monkeypatch):
+    from opforge.tracing import deferral
+
+    order = []
+
+    def handler(signum, frame):
+        order.append(signum)
+        raise KeyboardInterrupt if signum == 1 else SystemExit(signum)
+
+    with pytest.raises(KeyboardInterrupt):
+        with deferral.Recording():
+            with deferral.Recording():  # nested: only the outermost runs them
+                assert deferral.defer(handler, 1, None) and deferral.defer(handler, 2, None)
+            assert order == []
+    assert order == [1, 2]
+    assert not deferral.defer(handler, 3, None)  # outside a recording: handle it now
+    done = []
+    worker = threading.Thread(target=lambda: done.append(deferral.Recording().__enter__()))
+    worker.start()
+    worker.join()
+    assert done == [None] and not deferral.defer(handler, 4, None)  # other threads do not defer
 
 
 def test_calls_that_do_not_fit_their_definition_are_skipped_and_the_op_reports_them(tmp_path, rng):

@@ -11,7 +11,8 @@ default raises KeyboardInterrupt as before); where the previous disposition was 
 one, the summary is printed and the signal is raised again with the default disposition, so a
 SIGTERM still terminates the process, with the status it would have had. An ignored signal
 stays ignored. Handlers installed from C (which Python cannot call) are left in place, and
-then that signal does not flush.
+then that signal does not flush. A signal that arrives while the main thread is recording a call
+is handled as soon as that recording is done (deferral.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from .. import config, intercept
+from . import deferral
 from .policy import TracingConfig
 from .tracer import Tracer, say, warn
 
@@ -164,8 +166,15 @@ def _restore_signal_handlers() -> None:
 
 
 def _on_signal(signum, frame) -> None:
-    # Runs in the main thread between two bytecodes, possibly inside record(): no tracer lock
-    # is taken here, only the writers' re-entrant ones.
+    # Runs in the main thread between two bytecodes. Inside a recording it is run when the
+    # recording is done (deferral.py says why); else now, possibly inside record()'s fast path:
+    # no tracer lock is taken here, only the writers' re-entrant ones.
+    if deferral.defer(_handle_signal, signum, frame):
+        return
+    _handle_signal(signum, frame)
+
+
+def _handle_signal(signum, frame) -> None:
     with _lock:
         tracers = list(reversed(_stack))
     for tracer in tracers:

@@ -29,6 +29,7 @@ from ..trace.templates import definition_for_name
 from ..trace.workload import RandomInput, SafetensorsInput, ScalarInput, Workload
 from .capture import Snapshots, capturing
 from .dataset import DatasetFolder
+from .deferral import Recording
 from .policy import DEFAULT_CONFIG, TracingConfig
 from .writer import Item, Writer
 
@@ -146,7 +147,7 @@ class Tracer:
     def _record_slow(self, call, stats: Optional[DefinitionStats]) -> None:
         if os.getpid() != self._pid:
             return  # a forked child: the writer thread lives in the parent only
-        with self._lock:
+        with Recording(), self._lock:  # a signal meanwhile is handled after the lock is released
             if self._closed:
                 return
             if stats is None:

@@ -1,0 +1,59 @@
+"""Signals that arrive while the main thread records a call are handled once the recording is done.
+
+Python runs a signal handler in the main thread between two bytecodes, wherever that thread is:
+during a recording, often inside pydantic's validation of the workload, or in a finalizer, where
+an exception raised under C code is discarded ("Exception ignored in ..."). SIGINT's
+KeyboardInterrupt or a user handler's SystemExit raised there would be lost and the model would
+run on. So while the main thread is inside a recording, the tracing's handler only notes the
+signal (``defer``), and the recording runs it on its way out (``Recording.__exit__``), where its
+exception leaves the op call as from any other line. Other threads never run signal handlers and
+are not affected.
+"""
+
+from __future__ import annotations
+
+import threading
+
+_MAIN = threading.main_thread().ident
+_depth = 0  # nesting of recordings on the main thread
+_pending: list = []  # (handler, signum, frame) noted while _depth > 0
+
+
+def defer(handler, signum: int, frame) -> bool:
+    """From a signal handler: note the signal for ``handler(signum, frame)`` after the recording
+    the main thread is in, and return True; False when it is in none (handle it now)."""
+    if _depth == 0:
+        return False
+    _pending.append((handler, signum, frame))
+    return True
+
+
+class Recording:
+    """``with Recording():`` around the slow path of a recording (re-entrant; any thread)."""
+
+    __slots__ = ("_main",)
+
+    def __enter__(self) -> None:
+        global _depth
+        self._main = threading.get_ident() == _MAIN
+        if self._main:
+            _depth += 1
+
+    def __exit__(self, *exc) -> bool:
+        global _depth
+        if self._main:
+            _depth -= 1
+            if _depth == 0 and _pending:
+                noted = _pending[:]
+                _pending.clear()
+                # Every noted signal is handled, in order of arrival, even when a handler raises;
+                # then the first exception leaves.
+                first = None
+                for handler, signum, frame in noted:
+                    try:
+                        handler(signum, frame)
+                    except BaseException as exc:  # noqa: B902 - KeyboardInterrupt and SystemExit too
+                        first = exc if first is None else first
+                if first is not None:
+                    raise first
+        return False
