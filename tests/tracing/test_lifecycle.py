@@ -158,28 +158,42 @@ def test_a_signal_during_a_recording_is_handled_when_it_is_done(tmp_path, rng, m
         signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="needs the main thread")
-def test_signals_noted_in_one_recording_all_run_and_the_first_exception_leaves(tmp_path, rng, monkeypatch):
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread(),
+                    reason="needs SIGUSR1/SIGUSR2 and the main thread")
+def test_signals_noted_in_a_recording_are_raised_again_after_it_in_order(monkeypatch):
     from opforge.tracing import deferral
 
     order = []
 
     def handler(signum, frame):
         order.append(signum)
-        raise KeyboardInterrupt if signum == 1 else SystemExit(signum)
+        raise KeyboardInterrupt if signum == signal.SIGUSR1 else SystemExit(5)
 
-    with pytest.raises(KeyboardInterrupt):
+    def later(signum, frame):  # the handler installed when the recording ends is the one that runs
+        order.append(("later", signum))
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with deferral.Recording():
+                with deferral.Recording():  # nested: only the outermost raises them
+                    assert deferral.defer(signal.SIGUSR1) and deferral.defer(signal.SIGUSR2)
+                assert order == []
+        assert order == [signal.SIGUSR1, signal.SIGUSR2]  # both ran; the first exception left
+        order.clear()
         with deferral.Recording():
-            with deferral.Recording():  # nested: only the outermost runs them
-                assert deferral.defer(handler, 1, None) and deferral.defer(handler, 2, None)
-            assert order == []
-    assert order == [1, 2]
-    assert not deferral.defer(handler, 3, None)  # outside a recording: handle it now
-    done = []
-    worker = threading.Thread(target=lambda: done.append(deferral.Recording().__enter__()))
-    worker.start()
-    worker.join()
-    assert done == [None] and not deferral.defer(handler, 4, None)  # other threads do not defer
+            assert deferral.defer(signal.SIGUSR2)
+            signal.signal(signal.SIGUSR2, later)
+        assert order == [("later", signal.SIGUSR2)]
+        assert not deferral.defer(signal.SIGUSR1)  # outside a recording: handle it now
+        done = []
+        worker = threading.Thread(target=lambda: done.append(deferral.Recording().__enter__()))
+        worker.start()
+        worker.join()
+        assert done == [None] and not deferral.defer(signal.SIGUSR1)  # other threads do not defer
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def test_calls_that_do_not_fit_their_definition_are_skipped_and_the_op_reports_them(tmp_path, rng):

@@ -166,15 +166,11 @@ def _restore_signal_handlers() -> None:
 
 
 def _on_signal(signum, frame) -> None:
-    # Runs in the main thread between two bytecodes. Inside a recording it is run when the
-    # recording is done (deferral.py says why); else now, possibly inside record()'s fast path:
-    # no tracer lock is taken here, only the writers' re-entrant ones.
-    if deferral.defer(_handle_signal, signum, frame):
+    # Runs in the main thread between two bytecodes. Inside a recording the signal is raised again
+    # when the recording is done (deferral.py says why); else it is handled now, possibly inside
+    # record()'s fast path: no tracer lock is taken here, only the writers' re-entrant ones.
+    if deferral.defer(signum):
         return
-    _handle_signal(signum, frame)
-
-
-def _handle_signal(signum, frame) -> None:
     with _lock:
         tracers = list(reversed(_stack))
     for tracer in tracers:
