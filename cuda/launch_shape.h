@@ -48,16 +48,19 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
 //   alike (at hidden 4096 and 8192, 8 was 3-7% slower for RMSNorm and 6-13% for the fused add),
 //   unless that needs a group wider than 256 threads, where the wider reduction costs more than
 //   the loads save and 8 serve;
-// - smaller batches (decode) run best with 2 vectors per thread where that keeps the group within
-//   384 threads (bf16 rows up to 6144), else with groups of at most 256 threads holding as few
-//   vectors each as that allows (4 for hidden 8192, 8 for 16384), and with one row per block,
-//   spread over as many SMs as there are rows (bf16, CUDA-graph replay, µs: hidden 2048 one row
-//   1.47 with 1 vector per thread, 1.37 with 2; 32 rows two to a block 1.59, one 1.47; 5120 one
-//   row 1.74 with 4, 1.61 with 2; 8192 1.78 with 4, 1.83 with 2;
+// - smaller batches run best with groups of at most 256 threads holding as few vectors each as
+//   that allows (4 for hidden 8192, 8 for 16384), rows packed into 256-thread blocks;
+// - decode batches (up to kNormDecodeRows rows, where it was measured) rather with 2 vectors per
+//   thread where that keeps the group within 384 threads (bf16 rows up to 6144), and with one
+//   row per block, spread over as many SMs as there are rows (bf16, CUDA-graph replay, µs: hidden
+//   2048 one row 1.47 with 1 vector per thread, 1.37 with 2; 32 rows two to a block 1.59, one
+//   1.47; 5120 one row 1.74 with 4, 1.61 with 2; 8192 1.78 with 4, 1.83 with 2;
 //   bench/results/2026-11-27_h200_36bdb17_norm_decode_shape/).
 // Rows too long for registers use the streaming kernel, which re-reads the row from L2 and needs
 // no shared memory at any size. `force_vpt` >= 0 overrides the choice (0 = streaming; for
 // tuning); an infeasible override returns vecs_per_thread = -1.
+constexpr int64_t kNormDecodeRows = 256;
+
 inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force_vpt = -1) {
   RowLaunch l{-1, 0, 0, 0};
   if (force_vpt == 0) return norm_streaming_launch(rows, nv);
@@ -65,13 +68,13 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
     norm_register_launch(rows, nv, force_vpt, &l);
     return l;
   }
-  RowLaunch large{-1, 0, 0, 0}, small{-1, 0, 0, 0}, any{-1, 0, 0, 0};
+  RowLaunch large{-1, 0, 0, 0}, small{-1, 0, 0, 0}, two{-1, 0, 0, 0}, any{-1, 0, 0, 0};
   for (int vpt : {1, 2, 4, 8}) {
     RowLaunch c;
     if (!norm_register_launch(rows, nv, vpt, &c)) continue;
     if (any.vecs_per_thread < 0) any = c;
-    if (vpt == 2 && c.group <= 384) small = c;  // ahead of a 1-vector group within 256 threads
     if (small.vecs_per_thread < 0 && c.group <= 256) small = c;
+    if (vpt == 2 && c.group <= 384) two = c;
     if (vpt == 8 || (vpt == 4 && c.group <= 256)) {
       if (large.vecs_per_thread < 0) large = c;
     }
@@ -79,12 +82,14 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
   if (any.vecs_per_thread < 0) return norm_streaming_launch(rows, nv);
   // Enough bytes in flight to cover memory latency: about 4096 vectors per multiprocessor.
   if (large.vecs_per_thread > 0 && rows * large.group * large.vecs_per_thread >= int64_t(sms) * 4096) return large;
-  RowLaunch decode = small.vecs_per_thread > 0 ? small : any;
-  if (decode.group >= 32) {  // one row per block (sub-warp rows stay packed: a block per row of 16 threads would idle)
-    decode.threads = decode.group;
-    decode.blocks = rows;
+  RowLaunch chosen = small.vecs_per_thread > 0 ? small : any;
+  if (rows > kNormDecodeRows) return chosen;
+  if (two.vecs_per_thread > 0) chosen = two;
+  if (chosen.group >= 32) {  // one row per block (sub-warp rows stay packed: a block per row of 16 threads would idle)
+    chosen.threads = chosen.group;
+    chosen.blocks = rows;
   }
-  return decode;
+  return chosen;
 }
 
 }  // namespace opforge
