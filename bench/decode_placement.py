@@ -32,9 +32,12 @@ from opspecs import SPEC  # noqa: E402
 from roofline import (add_output_args, collect_meta, configure_dynamo, fmt, safe, spread_of, start,  # noqa: E402
                       write as write_results)
 
-#: (op, rows, hidden): the roofline's decode sizes where single-number comparisons were closest.
+#: (op, rows, hidden): the roofline's decode sizes where single-number comparisons were closest,
+#: and the other hidden sizes whose launch shapes differ (1024-8192: one to four vectors per thread).
 CASES = (("rmsnorm", 1, 4096), ("fused_add_rmsnorm", 1, 4096), ("rmsnorm", 256, 4096),
-         ("fused_add_rmsnorm", 256, 4096), ("silu_and_mul", 1, 14336))
+         ("fused_add_rmsnorm", 256, 4096), ("silu_and_mul", 1, 14336), ("rmsnorm", 1, 1024),
+         ("rmsnorm", 32, 1024), ("rmsnorm", 1, 2048), ("rmsnorm", 32, 2048), ("rmsnorm", 1, 5120),
+         ("rmsnorm", 1, 8192), ("gemma_rmsnorm", 32, 4096), ("scale", 1, 4096))
 PEERS = ("liger", "compile")
 
 
