@@ -140,12 +140,13 @@ __device__ __forceinline__ float row_sum(float v, float* scratch /* >= 32 floats
   v = warp_sum(v, 32);
   const int warps_per_row = group >> 5;
   if (kFixedSecondStage && blockDim.y == 1 && warps_per_row <= 8) {
-    // One row of at most 8 warps per block (decode launches): three shuffles of fixed width, the
-    // shared-memory address known before the barrier. The general path below works out its
-    // shuffle width at run time, a setup and two taken branches between the barrier and the first
-    // shuffle. Callers opt in where it measured faster (the norm kernel from 4 vectors per thread:
-    // on an H200 one row of 7168 and of 8192 0.04-0.05 us faster; at 2 vectors per thread it was
-    // 0.01-0.03 us slower, for reasons the SASS does not show).
+    // One row of at most 8 warps per block (decode launches, and big batches with 256-thread
+    // rows): three shuffles of fixed width, the shared-memory address known before the barrier.
+    // The general path below works out its shuffle width at run time, a setup and two taken
+    // branches between the barrier and the first shuffle. Callers opt in where it measured faster
+    // (the norm kernel from 4 vectors per thread: on an H200 one row of 7168 and of 8192
+    // 0.04-0.05 us faster; at 2 vectors per thread it was 0.01-0.03 us slower, for reasons the
+    // SASS does not show).
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
     __syncthreads();
     const int w = threadIdx.x & 7;
