@@ -131,23 +131,30 @@ class Tracer:
     # --- the hot path -----------------------------------------------------------------------
 
     def record(self, call) -> None:
-        """Record one call (see the module docstring). Never raises."""
+        """Record one call (see the module docstring). Never raises, but for what a signal's
+        handler raises: a signal that arrives during the slow path is raised again after it
+        (deferral.py), outside the net that keeps recording failures from the model."""
         try:
             stats = self._stats.get(call.definition)
             if stats is not None:
                 stats.calls += 1
                 if stats.closed or call.key in stats.seen:
                     return
-            self._record_slow(call, stats)
         except Exception as exc:
             self._fail(call, exc)
+            return
+        with Recording():
+            try:
+                self._record_slow(call, stats)
+            except Exception as exc:
+                self._fail(call, exc)
 
     # --- the slow path ----------------------------------------------------------------------
 
     def _record_slow(self, call, stats: Optional[DefinitionStats]) -> None:
         if os.getpid() != self._pid:
             return  # a forked child: the writer thread lives in the parent only
-        with Recording(), self._lock:  # a signal meanwhile is handled after the lock is released
+        with self._lock:
             if self._closed:
                 return
             if stats is None:
