@@ -15,7 +15,6 @@ from __future__ import annotations
 import signal
 import threading
 
-_MAIN = threading.main_thread().ident
 _depth = 0  # nesting of recordings on the main thread
 _pending: list = []  # signal numbers noted while _depth > 0, in order of arrival
 
@@ -36,7 +35,7 @@ class Recording:
 
     def __enter__(self) -> None:
         global _depth
-        self._main = threading.get_ident() == _MAIN
+        self._main = threading.current_thread() is threading.main_thread()  # as control.py asks it
         if self._main:
             _depth += 1
 
