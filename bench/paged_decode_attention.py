@@ -289,7 +289,8 @@ def run_case(label: str, lengths: list[int], args, ctx) -> dict:
     fns, missing = implementations(case)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if ctx.cuda else 132
     plan = _C.paged_decode_attention_plan(case.batch, case.heads, case.kv_heads, case.head_dim,
-                                          case.indices.numel() * case.page_size, sms, max_tokens=case.max_kv_len or 0)
+                                          case.indices.numel() * case.page_size, case.page_size, sms,
+                                          max_tokens=case.max_kv_len or 0)
     row = {"label": label, "batch": case.batch, "tokens": sum(lengths), "longest": max(lengths), "bytes": nbytes,
            "n_sets": len(case.sets), "plan": plan, "impls": {}}
     selected = set(args.impls.split(",")) | {"opforge"} if args.impls else set(IMPLS)

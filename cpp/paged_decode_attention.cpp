@@ -220,13 +220,13 @@ void check_layout_values(const Arg& indptr, const Arg& indices, const Arg* last_
 }
 
 PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens,
-                                      int64_t max_tokens, int sms, int splits, int token_warps) {
+                                      int64_t page_size, int64_t max_tokens, int sms, int splits, int token_warps) {
   if (max_tokens < 0) {
     throw_value_error(kPrefix + "max_kv_len = " + str(max_tokens) + "; accepted: the longest request's tokens "
                       "(>= 0; 0 or None: not known)");
   }
   if (splits == -1 && token_warps == -1) {
-    return cuda::choose_paged_decode_plan(batch, hq, hkv, head_dim, tokens, sms, max_tokens);
+    return cuda::choose_paged_decode_plan(batch, hq, hkv, head_dim, tokens, page_size, sms, max_tokens);
   }
   const PagedDecodePlan plan =
       splits == -1 ? PagedDecodePlan{} : cuda::paged_decode_plan(batch, hq, hkv, head_dim, splits, token_warps == -1 ? 1 : token_warps);
@@ -363,7 +363,8 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
     check_rows_aligned(out, {0, 1});
     const int device = q.t.device_id();
     const PagedDecodePlan plan =
-        forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, max_tokens, cuda::sm_count(device), splits, token_warps);
+        forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, page_size, max_tokens, cuda::sm_count(device), splits,
+                              token_warps);
     if (plan.ctas > INT32_MAX) {
       throw_value_error(kPrefix + "batch x num_kv_heads x splits = " + str(plan.ctas) + " tasks exceed the grid");
     }
@@ -388,14 +389,15 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
   return 0;
 }
 
-nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens, int sms, int splits,
-                   int token_warps, int64_t max_tokens) {
-  if (batch < 0 || hkv < 1 || hq % hkv != 0 || tokens < 0 || sms < 1 ||
+nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens, int64_t page_size,
+                   int sms, int splits, int token_warps, int64_t max_tokens) {
+  if (batch < 0 || hkv < 1 || hq % hkv != 0 || tokens < 0 || page_size < 1 || sms < 1 ||
       !cuda::paged_decode_head_dim_supported(head_dim)) {
     throw_value_error(kPrefix + "plan needs batch >= 0, num_qo_heads a multiple of num_kv_heads >= 1, head_dim "
-                      "64, 128 or 256, tokens >= 0 and sms >= 1");
+                      "64, 128 or 256, tokens >= 0, page_size >= 1 and sms >= 1");
   }
-  const PagedDecodePlan plan = forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, max_tokens, sms, splits, token_warps);
+  const PagedDecodePlan plan =
+      forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, page_size, max_tokens, sms, splits, token_warps);
   nb::dict d;
   d["head_chunks"] = plan.head_chunks;
   d["splits"] = plan.splits;
@@ -419,8 +421,8 @@ void bind_paged_decode_attention(nb::module_& m) {
         "tests); -1: the heuristic. max_tokens: the longest request's tokens if the caller knows it (a hint for the\n"
         "heuristic; 0: not known).");
   m.def("paged_decode_attention_plan", &plan_dict, nb::arg("batch"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),
-        nb::arg("head_dim"), nb::arg("tokens"), nb::arg("sms"), nb::arg("splits") = -1, nb::arg("token_warps") = -1,
-        nb::arg("max_tokens") = 0,
+        nb::arg("head_dim"), nb::arg("tokens"), nb::arg("page_size"), nb::arg("sms"), nb::arg("splits") = -1,
+        nb::arg("token_warps") = -1, nb::arg("max_tokens") = 0,
         "The CUDA launch plan of paged_decode_attention (tokens: num_indices * page_size; max_tokens: the longest\n"
         "request's tokens, 0 if not known).");
 }

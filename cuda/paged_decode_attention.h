@@ -85,6 +85,16 @@ constexpr int kPagedDecodeMaxSplits = 128;
 // kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average.
 constexpr int64_t kPagedDecodeEvenNum = 5;
 constexpr int64_t kPagedDecodeEvenDen = 4;
+// Even batches with at least kPagedDecodeEvenTasksNum / kPagedDecodeEvenTasksDen tasks per SM
+// (2/3) and at most one (a CTA per SM at one split, so no SM holds more than another) take one
+// split where a step's rows lie in one page (page_size a multiple of kPagedDecodeStep: one page
+// id per step, rows a fixed stride apart), else two: with a page id per token, one CTA per SM
+// keeps too few rows in flight (h32_kv4, page size 1, 32 x 2048: 54.8 us at 1 x 4, 49.6 at 2 x 4,
+// 51.8 at 4 x 4). Between one and 1.75 tasks per SM, one split leaves some SMs two CTAs and the
+// rest one, which long requests pay for (h32_kv4 page size 16 40 x 32768: 687.7 us at 1 x 4, 629.8
+// at 4 x 4): the cuts of the shapes serve there.
+constexpr int64_t kPagedDecodeEvenTasksNum = 2;
+constexpr int64_t kPagedDecodeEvenTasksDen = 3;
 
 // Most warps that share one task's slice inside a CTA (head_dim <= 128; one at 256, whose two
 // warps already share each step's dims).
@@ -143,14 +153,16 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // 3. kPagedDecodeMinPartTokens tokens per part of an average request (with at most one task per
 //    four SMs, kPagedDecodeFewTaskMinPartTokens, x kPagedDecodeSplitTokenFactor for splits alone);
 //    kPagedDecodeMaxSplits splits;
-// 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without, and
+// 4. no more than one CTA takes (no split) where the tasks' token warps make a wave without; and
 //    where the caller says how long the longest request is (max_tokens > 0; 0: not known), that
 //    is within kPagedDecodeEvenNum / kPagedDecodeEvenDen of the average, and the tasks give three
 //    quarters of the SMs two CTAs: later waves have nothing to even out then (the cuts rules 1-3
 //    hedge with cost uniform batches 4-17%: h32_kv8 32 x 2048 76.3 us at 1 x 4 warps, 82.6 at
-//    4 x 4; h32_kv4 page size 1 64 x 2048 77.3 against 91.6). One CTA per SM keeps too few bytes
-//    in flight (h32_kv4 page size 1 32 x 8192, 128 tasks: 183.3 us at 1 x 4, 146.5 at 4 x 4;
-//    bench/results/2026-11-27_h200_74a29b6_norm_epilogue/paged_kv4_maxlen.md). `tokens` stands for the batch's
+//    4 x 4; h32_kv4 page size 1 64 x 2048 77.3 against 91.6). Even batches of 2/3 to one task per
+//    SM take one split where pages hold whole steps, two where not (kPagedDecodeEvenTasksNum;
+//    h32_kv4 page size 16 24 x 2048: 39.2 us at 1 x 4 against 43.2 at 4 x 4, 32 x 8192 135.6
+//    against 143.5; page size 1 32 x 8192 140.4 at 2 x 4 against 144.6 at 4 x 4, 183.0 at 1 x 4;
+//    bench/results/2026-11-27_h200_4c5b98f_paged_decode_even_pages/). `tokens` stands for the batch's
 //    total there, so a kv_indices buffer much larger than the pages in use makes the average an
 //    overestimate (a slower plan, never a wrong result). (Forced cuts with 8 token warps,
 //    bench/results/2026-11-27_h200_7931d11_paged_decode_token_warps8/: better on skewed batches at 32
@@ -170,7 +182,8 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
 // -> 32 (8 x 4); batch 128 -> 4 (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x
 // 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
 inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
-                                                int64_t head_dim, int64_t tokens, int sms, int64_t max_tokens = 0) {
+                                                int64_t head_dim, int64_t tokens, int64_t page_size, int sms,
+                                                int64_t max_tokens = 0) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
   const int64_t warps = paged_decode_warps(head_dim);
@@ -195,14 +208,21 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   for (const int64_t cap : {spread, by_length, per_cta * kPagedDecodeMaxSplits}) {
     if (parts > cap) parts = cap;
   }
-  // Rule 4: no split where there is nothing for one to even out, as its merge pass costs more than
-  // later waves gain: tasks whose token warps alone fill a wave (h32_kv4 128 x 2048: 139.4 us at
-  // 1 x 4, 148.4 at 2 x 4; the mixed batch too, 147.5 against 149.6), or lengths the caller says
-  // are even. Not without token warps, where a split is what evens out unequal lengths
-  // (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
+  // Rule 4: no split (or few) where there is nothing for one to even out, as its merge pass costs
+  // more than later waves gain: tasks whose token warps alone fill a wave (h32_kv4 128 x 2048:
+  // 139.4 us at 1 x 4, 148.4 at 2 x 4; the mixed batch too, 147.5 against 149.6), or lengths the
+  // caller says are even. Not without token warps, where a split is what evens out unequal
+  // lengths (h16_kv8_d256 128 x uniform: 541.0 us at 1 split, 518.2 at 2).
   const bool even = max_tokens > 0 && max_tokens * kPagedDecodeEvenDen <= avg_tokens * kPagedDecodeEvenNum;
-  const bool fills = one.ctas * per_cta >= wave || (even && 4 * one.ctas >= 7 * int64_t(sms));
-  if (token_warps_fit && fills && parts > per_cta) parts = per_cta;
+  if (token_warps_fit && parts > per_cta) {
+    const int64_t sm = sms;
+    if (one.ctas * per_cta >= wave || (even && 4 * one.ctas >= 7 * sm)) {
+      parts = per_cta;
+    } else if (even && kPagedDecodeEvenTasksDen * one.ctas >= kPagedDecodeEvenTasksNum * sm && one.ctas <= sm) {
+      const int64_t splits = page_size % kPagedDecodeStep == 0 ? 1 : 2;
+      if (parts > per_cta * splits) parts = per_cta * splits;
+    }
+  }
   if (parts < 1) parts = 1;
   int token_warps = 1;
   while (token_warps_fit && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;

@@ -417,8 +417,8 @@ def test_unknown_and_impossible_backends():
 # --- the CUDA plan (plain C++, checked without a GPU) ------------------------------------------
 
 
-def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, **force):
-    return _C.paged_decode_attention_plan(batch, hq, hkv, head_dim, tokens, sms, **force)
+def plan(batch, hq, hkv, tokens, head_dim=128, sms=132, page_size=1, **force):
+    return _C.paged_decode_attention_plan(batch, hq, hkv, head_dim, tokens, page_size, sms, **force)
 
 
 @pytest.mark.parametrize("batch, tokens, parts, splits, token_warps",
@@ -473,33 +473,50 @@ def test_plan_heads_and_dims():
 
 def test_plan_with_even_lengths():
     """A caller that knows its batch's longest request (max_kv_len) lets an even batch skip the
-    splits the plan otherwise hedges with against one long request, once its tasks give three
-    quarters of the SMs two CTAs; skewed batches, fewer tasks and 256 dims (splits only) keep the
+    splits the plan otherwise hedges with against one long request: once its tasks give three
+    quarters of the SMs two CTAs (one split), and from two tasks per three SMs up to one per SM
+    (one split where a step's 16 rows lie in one page, page_size a multiple of 16; else two, as a
+    page id per token needs more rows in flight); skewed batches, fewer tasks, the tasks between
+    one and 1.75 per SM (one split would load some SMs twice) and 256 dims (splits only) keep the
     plan of the shapes."""
-    def cut(batch, hq, hkv, context, max_tokens, head_dim=128, tokens=None):
+    def cut(batch, hq, hkv, context, max_tokens, head_dim=128, tokens=None, page_size=1):
         p = plan(batch, hq, hkv, tokens if tokens is not None else batch * context, head_dim=head_dim,
-                 max_tokens=max_tokens)
+                 max_tokens=max_tokens, page_size=page_size)
         return p["splits"], p["token_warps"]
-    # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048 (256 tasks on 132 SMs: 231 at least).
+    # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048: 256 tasks on 132 SMs, at every page size.
     for batch, hkv, context in ((32, 8, 2048), (32, 8, 8192), (64, 4, 2048)):
-        assert cut(batch, 32, hkv, context, 0) == (4, 4)
-        assert cut(batch, 32, hkv, context, context) == (1, 4)
-        assert cut(batch, 32, hkv, context, context * 5 // 4) == (1, 4)  # the slack: 1.25 x the average
-        assert cut(batch, 32, hkv, context, context * 5 // 4 + 1) == (4, 4)
+        for page_size in (1, 16, 64):
+            assert cut(batch, 32, hkv, context, 0, page_size=page_size) == (4, 4)
+            assert cut(batch, 32, hkv, context, context, page_size=page_size) == (1, 4)
+            assert cut(batch, 32, hkv, context, context * 5 // 4, page_size=page_size) == (1, 4)  # 1.25 x the average
+            assert cut(batch, 32, hkv, context, context * 5 // 4 + 1, page_size=page_size) == (4, 4)
+    # h32_kv4 (4 tasks a request) x 2048: 88 to 132 tasks (batch 22 to 33) take one split where
+    # pages hold whole steps, two where not; 84 (batch 21) and 136 to 228 (batch 34 to 57) keep
+    # the cuts of the shapes; 232 (batch 58) take one split at every page size.
+    batches = (21, 22, 24, 32, 33, 34, 48, 57, 58)
+    shapes = [cut(b, 32, 4, 2048, 0) for b in batches]
+    assert shapes == [(4, 4)] * 9
+    for page_size, few in ((16, (1, 4)), (32, (1, 4)), (48, (1, 4)), (64, (1, 4)), (1, (2, 4)), (8, (2, 4)),
+                           (24, (2, 4))):
+        assert [cut(b, 32, 4, 2048, 2048, page_size=page_size) for b in batches] == \
+            [shapes[0]] + [few] * 4 + shapes[5:8] + [(1, 4)], page_size
+    # ... and never more parts than the shapes' plan (batch 32 x 512: 1 x 4 either way).
+    assert cut(32, 32, 4, 512, 512) == cut(32, 32, 4, 512, 0) == (1, 4)
     # A long request among short ones (32 x tail: 1520 tokens on average, 32768 at most).
-    assert cut(32, 32, 8, 0, 32768, tokens=32 * 1520) == cut(32, 32, 8, 0, 0, tokens=32 * 1520)
-    # Fewer tasks (h32_kv4 batch 32: 128, one CTA per SM; h32_kv8 batch 8: 64) and 256 dims keep
-    # their plans.
-    assert cut(32, 32, 4, 2048, 2048) == cut(32, 32, 4, 2048, 0) == (4, 4)
-    assert cut(32, 32, 4, 8192, 8192) == cut(32, 32, 4, 8192, 0)
-    assert cut(57, 32, 4, 2048, 2048) == cut(57, 32, 4, 2048, 0) != (1, 4)  # 228 tasks: below 231
-    assert cut(58, 32, 4, 2048, 2048) == (1, 4)  # 232
-    assert cut(8, 32, 8, 2048, 2048) == cut(8, 32, 8, 2048, 0)
-    assert cut(32, 16, 8, 2048, 2048, head_dim=256) == cut(32, 16, 8, 2048, 0, head_dim=256)
+    for page_size in (1, 16):
+        assert cut(32, 32, 8, 0, 32768, tokens=32 * 1520, page_size=page_size) == \
+            cut(32, 32, 8, 0, 0, tokens=32 * 1520, page_size=page_size)
+    # Fewer tasks (h32_kv8 batch 8: 64; h32_kv4 batch 16: 64) and 256 dims keep their plans.
+    for page_size in (1, 16):
+        assert cut(8, 32, 8, 2048, 2048, page_size=page_size) == cut(8, 32, 8, 2048, 0, page_size=page_size)
+        assert cut(16, 32, 4, 8192, 8192, page_size=page_size) == cut(16, 32, 4, 8192, 0) == (4, 4)
+        assert cut(32, 16, 8, 2048, 2048, head_dim=256, page_size=page_size) == cut(32, 16, 8, 2048, 0, head_dim=256)
     # Batches that already take one split are unchanged.
     assert cut(128, 32, 8, 2048, 2048) == cut(128, 32, 8, 2048, 0) == (1, 4)
     with pytest.raises(ValueError, match="max_kv_len = -1"):
         plan(32, 32, 8, 32 * 2048, max_tokens=-1)
+    with pytest.raises(ValueError, match="page_size >= 1"):
+        plan(32, 32, 8, 32 * 2048, page_size=0)
 
 
 def test_forced_plans():
