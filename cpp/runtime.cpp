@@ -57,6 +57,10 @@ void bind_runtime(nb::module_& m) {
       },
       nb::arg("rows"), nb::arg("hidden"), nb::arg("vec"), nb::arg("sms"), nb::arg("vpt") = -1,
       "The launch the CUDA norm kernels (RMSNorm and the fused add alike) pick for a shape (vec: elements per access).");
+  m.def("norm_narrow_access", &norm_narrow_access, nb::arg("rows"), nb::arg("hidden"), nb::arg("elem_bytes"),
+        nb::arg("sms"), nb::arg("vpt") = -1,
+        "Whether the CUDA norm kernels read and write rows of this shape with 8-byte accesses (where aligned) "
+        "instead of 16-byte ones.");
 }
 
 }  // namespace opforge

@@ -92,4 +92,23 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
   return chosen;
 }
 
+// Decode batches of 16-bit rows of at most kNormNarrowHidden elements, kNormNarrowElems in all,
+// take 8-byte accesses, two per thread, instead of 16-byte ones: twice the threads on rows too
+// short to keep many busy (bf16, CUDA-graph replay on an H200, medians over 10 placements, us:
+// 1 x 512 1.31 -> 1.25, 32 x 1024 1.43 -> 1.40, 256 x 512 1.56 -> 1.52, 32 x 128 1.41 -> 1.30,
+// fused add 32 x 1024 1.52 -> 1.50; but 256 x 1024 1.64 -> 1.65 and fused 1.72 -> 1.76, and one
+// row of 2048 1.35 -> 1.36; bench/results/2026-11-27_h200_dda18b3_norm_narrow/). Only that kernel
+// (2 vectors per thread) is built for 8-byte accesses, so shapes the plan gives another launch (on
+// GPUs of a few SMs) and the tuning override (force_vpt) keep 16-byte ones.
+constexpr int64_t kNormNarrowHidden = 1024;
+constexpr int64_t kNormNarrowElems = int64_t(1) << 17;
+
+inline bool norm_narrow_access(int64_t rows, int64_t hidden, int elem_bytes, int sms, int force_vpt = -1) {
+  if (force_vpt >= 0 || elem_bytes != 2 || rows > kNormDecodeRows || hidden > kNormNarrowHidden ||
+      rows * hidden > kNormNarrowElems) {
+    return false;
+  }
+  return choose_norm_launch(rows, hidden / (8 / elem_bytes), sms).vecs_per_thread == 2;  // not on GPUs of a few SMs
+}
+
 }  // namespace opforge

@@ -191,13 +191,19 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
   }
 }
 
-template <typename T, int VEC, bool ADD>
+// kNarrow: only the 2-vectors-per-thread kernel exists (norm_narrow_access).
+template <typename T, int VEC, bool ADD, bool kNarrow = false>
 int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
   const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, sm_count(device), p.force_vpt);
   // Register path: a row along x (group threads), l.threads / group rows along y.
   const dim3 grid(static_cast<unsigned>(l.blocks));
   const dim3 block(static_cast<unsigned>(l.group), static_cast<unsigned>(l.group > 0 ? l.threads / l.group : 1));
   cudaError_t err;
+  if constexpr (kNarrow) {
+    if (l.vecs_per_thread != 2) return static_cast<int>(cudaErrorInvalidConfiguration);  // never chosen
+    err = launch_kernel(norm_rows_kernel<T, VEC, 2, ADD>, grid, block, 0, stream, p.pdl, p);
+    return err != cudaSuccess ? static_cast<int>(err) : last_launch_status();
+  }
   switch (l.vecs_per_thread) {
     case -1: return static_cast<int>(cudaErrorInvalidConfiguration);  // an override that cannot fit
     case 0: err = launch_kernel(norm_rows_streaming_kernel<T, VEC, ADD>, grid, block, 0, stream, p.pdl, p); break;
@@ -214,11 +220,22 @@ template <typename T>
 int launch_typed(const NormParams& p, int device, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int es = sizeof(T);
+  const bool add = p.residual != nullptr;
+  if constexpr (sizeof(T) == 2) {
+    constexpr int kNarrow = 8 / sizeof(T);
+    if (norm_narrow_access(p.rows, p.hidden, es, sm_count(device), p.force_vpt) && p.hidden % kNarrow == 0 &&
+        vec_aligned(p.input, p.input_stride, kNarrow, es) && vec_aligned(p.out, p.out_stride, kNarrow, es) &&
+        vec_aligned(p.weight, 0, kNarrow, es) &&
+        (!add || (vec_aligned(p.residual, p.residual_stride, kNarrow, es) &&
+                  vec_aligned(p.residual_out, p.residual_out_stride, kNarrow, es)))) {
+      return add ? launch_shaped<T, kNarrow, true, true>(p, device, stream)
+                 : launch_shaped<T, kNarrow, false, true>(p, device, stream);
+    }
+  }
   // 16-byte accesses need every pointer and row stride aligned and whole vectors per row;
   // otherwise the scalar kernel serves (odd hidden sizes, offset views).
   bool wide = p.hidden % kVec == 0 && vec_aligned(p.input, p.input_stride, kVec, es) &&
               vec_aligned(p.out, p.out_stride, kVec, es) && vec_aligned(p.weight, 0, kVec, es);
-  const bool add = p.residual != nullptr;
   if (add) {
     wide = wide && vec_aligned(p.residual, p.residual_stride, kVec, es) &&
            vec_aligned(p.residual_out, p.residual_out_stride, kVec, es);

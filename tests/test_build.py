@@ -170,6 +170,27 @@ def test_forced_vectors_per_thread(vec, hidden, vpt):
             assert s["vecs_per_thread"] == -1, where
 
 
+def test_narrow_accesses_take_the_one_narrow_kernel():
+    """16-bit decode batches of short rows (up to 256 rows of up to 1024 elements, 2^17 elements in
+    all) read through 8-byte accesses (4 elements) where their launch is the one kernel built for
+    those (2 vectors per thread): on every GPU of 78 SMs or more, and on one SM wherever that
+    launch still holds."""
+    for rows in (1, 2, 3, 7, 31, 64, 100, 128, 255, 256):
+        for hidden in (4, 8, 12, 128, 136, 512, 516, 768, 1000, 1020, 1024):
+            for sms in SMS:
+                narrow = _C.norm_narrow_access(rows, hidden, 2, sms)
+                where = f"rows={rows} hidden={hidden} sms={sms}"
+                if rows * hidden > 1 << 17:
+                    assert not narrow, where
+                    continue
+                s = launch(rows, hidden, 4, sms)
+                where += f": {s}"
+                assert narrow == (s["vecs_per_thread"] == 2), where
+                assert narrow or sms == 1, where
+                check_register_launch(s, rows, hidden, 4, where)
+            assert not _C.norm_narrow_access(rows, hidden, 4, 132)  # fp32 keeps 16-byte accesses
+
+
 @pytest.mark.parametrize("vec, hidden", [(8, 8), (8, 4096), (8, 65536), (1, 4097)])
 def test_forced_streaming(vec, hidden):
     for rows in (1, 1000):

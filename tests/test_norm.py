@@ -477,3 +477,52 @@ def test_every_kernel_variant(rng, name, dtype, vpt, hidden, layout):
         return
     run()
     check(name, out, residual_out, x, residual, w)
+
+
+def test_narrow_access_rule():
+    """8-byte accesses exactly for 16-bit decode batches (up to 256 rows) of rows up to 1024
+    elements, 2^17 in all, never under the tuning override (test_build checks the launch they
+    take)."""
+    for rows, hidden in ((256, 512), (128, 1024), (1, 1024), (1, 4), (256, 128)):
+        assert _C.norm_narrow_access(rows, hidden, 2, 132), (rows, hidden)
+    for rows, hidden, elem_bytes, vpt in ((257, 128, 2, -1), (1, 1028, 2, -1), (256, 516, 2, -1), (129, 1024, 2, -1),
+                                         (1, 1024, 4, -1), (1, 1024, 2, 2)):
+        assert not _C.norm_narrow_access(rows, hidden, elem_bytes, 132, vpt), (rows, hidden, elem_bytes, vpt)
+
+
+def shifted(src: torch.Tensor, shift: int, fill: float = float("nan")) -> torch.Tensor:
+    """``src``'s values in a view whose rows start ``shift`` elements past a 16-byte boundary
+    (rows 8 elements apart more than their length)."""
+    flat = src.dim() == 1
+    rows = src.reshape(1, -1) if flat else src
+    view = torch.full((rows.shape[0], rows.shape[1] + 8), fill, dtype=src.dtype, device=src.device)
+    view = view[:, shift:shift + rows.shape[1]]
+    view.copy_(rows)
+    return view[0] if flat else view
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [0, 4, 1], ids=["aligned", "8-byte", "2-byte"])
+@pytest.mark.parametrize("rows, hidden", [(1, 1024), (3, 4), (256, 512), (37, 136), (256, 516), (257, 128), (2, 1028)],
+                         ids=str)
+@dtypes
+@ops
+def test_narrow_accesses(rng, name, dtype, rows, hidden, shift):
+    """Decode batches of rows up to 1024 16-bit elements read and write through 8-byte accesses
+    where every row and the weight start on 8 bytes (also 8 bytes off a 16-byte boundary, where
+    the 16-byte kernels would fall back to scalar ones), the rest as before: the same results
+    either way, nothing written outside the output views, in place too."""
+    _, _, add = OPS[name]
+    x0, r0, w0 = make_inputs(rng, name, (rows, hidden), dtype, "cuda")
+    x, w = shifted(x0, shift), shifted(w0, shift)
+    residual = shifted(r0, shift) if add else None
+    out = shifted(poisoned_like(x0), shift, fill=7.0)
+    residual_out = shifted(poisoned_like(x0), shift, fill=7.0) if add else None
+    got_out, got_res = call(name, x, residual, w, out=out, residual_out=residual_out)
+    check(name, got_out, got_res, x, residual, w)
+    for t in (out, residual_out) if add else (out,):
+        assert (outside_view(t) == 7.0).all(), "wrote outside the output view"
+    if add:  # in place: out = x, residual_out = residual
+        x_before, r_before = x.clone(), residual.clone()
+        call(name, x, residual, w, out=x, residual_out=residual)
+        check(name, x, residual, x_before, r_before, w)
