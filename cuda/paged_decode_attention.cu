@@ -214,14 +214,17 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   const int g = lane >> 2, c = lane & 3;
   const int dim0 = dim_warp * kDims;
 
+  // Task and head indices in 32 bits (the host keeps batch x num_qo_heads below 2^31): 64-bit
+  // divisions are a runtime call, ahead of the first load.
   uint32_t task = blockIdx.x;
   const int split = static_cast<int>(task % splits);
   task /= splits;
   const int chunk = static_cast<int>(task % head_chunks);
   task /= head_chunks;
-  const int64_t kv_head = task % p.num_kv_heads;
-  const int64_t b = task / p.num_kv_heads;
-  const int64_t group = p.num_qo_heads / p.num_kv_heads;
+  const uint32_t kv_heads = static_cast<uint32_t>(p.num_kv_heads);
+  const int64_t kv_head = task % kv_heads;
+  const int64_t b = task / kv_heads;
+  const int64_t group = static_cast<uint32_t>(p.num_qo_heads) / kv_heads;
   const int64_t head0 = kv_head * group + int64_t(chunk) * kPagedDecodeRows;
   const int rows = static_cast<int>(min64(kPagedDecodeRows, group - int64_t(chunk) * kPagedDecodeRows));
 
@@ -229,12 +232,33 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   const uint32_t ring = smem_addr(ring_all + warp * kStages * kStageBytes);
 
   // The request's layout (uniform across the warp). Invalid layouts give NaN, never a read
-  // outside kv_indices or the caches.
+  // outside kv_indices or the caches. Its three loads and Q's go out together, ahead of any use:
+  // the last page's length read only for a request with pages (a branch on kv_indptr) cost a
+  // second memory round trip before the page ids could be fetched, and Q's loads waited behind
+  // both.
   const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
+  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+
+  // Q^T as B fragments, one per k-step and 8-head tile: head 8 nt + g (zero past the chunk's
+  // heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
+  uint32_t qb[kKSteps][kHeadTiles][2];
+  {
+    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const bool in = 8 * nt + g < rows;
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
+        qb[j][nt][0] = in ? __ldg(row) : 0u;
+        qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
+      }
+    }
+  }
+
   bool bad = first < 0 || last < first || last > p.num_indices;
   int n = 0;
   if (!bad && last > first) {
-    const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
     bad = tail < 1 || tail > p.page_size;
     if (!bad) n = static_cast<int>((last - first - 1) * p.page_size + tail);
   }
@@ -310,23 +334,6 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
     }
     copy_commit();  // one group per step, empty past the end, so the waits count steps
   };
-
-  // Q^T as B fragments, one per k-step and 8-head tile: head 8 nt + g (zero past the chunk's
-  // heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
-  uint32_t qb[kKSteps][kHeadTiles][2];
-  {
-    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
-#pragma unroll
-    for (int j = 0; j < kKSteps; ++j) {
-#pragma unroll
-      for (int nt = 0; nt < kHeadTiles; ++nt) {
-        const bool in = 8 * nt + g < rows;
-        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
-        qb[j][nt][0] = in ? __ldg(row) : 0u;
-        qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
-      }
-    }
-  }
 
   // Steps 0 .. kStages - 2 in flight before the loop; `ahead` holds the page id of step kStages - 1.
   {
