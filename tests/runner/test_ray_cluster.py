@@ -8,6 +8,7 @@ Ctrl-C stops every device worker and every solution process on every node."""
 from __future__ import annotations
 
 import _thread
+import signal
 import subprocess
 import sys
 import threading
@@ -199,7 +200,16 @@ def test_a_driver_killed_mid_run_leaves_a_dataset_resume_completes(cluster, tmp_
     assert sorted(len(s) for s in seeds.values()) == [1, 1, 1]
 
 
-def test_ctrl_c_stops_every_device_worker_and_solution(cluster, tmp_path, capsys):
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler for the test: _thread.interrupt_main() does nothing where SIGINT
+    is ignored, as a pytest started in the background without job control inherits it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_every_device_worker_and_solution(cluster, tmp_path, capsys, ctrl_c_raises):
     pids = tmp_path / "pids"
     pids.mkdir()
     hangs = "import time\n\ndef run(x, w):\n    time.sleep(600)\n"

@@ -41,6 +41,10 @@ def inputs(seed: int):
 def main() -> None:
     folder, seed, handler = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     faulthandler.dump_traceback_later(40, exit=True)  # a hang shows where, instead of timing out blind
+    # Python's own SIGINT handling, as a program started from a terminal has it: a parent started
+    # in the background without job control passes SIGINT on ignored, which the tracing (rightly)
+    # keeps.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     save = dataset.DatasetFolder.save_blob
 
     def slow_save(self, *args):
