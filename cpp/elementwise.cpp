@@ -41,7 +41,7 @@ void act_and_mul_cpu(const cuda::ActMulParams& p) {
   }
 }
 
-void scale(nb::handle out_obj, nb::handle input_obj, double factor, uintptr_t stream, bool launch) {
+void scale(nb::handle out_obj, nb::handle input_obj, double factor, std::optional<uintptr_t> stream, bool launch) {
   const OpContext ctx{"scale"};
   const TensorArg input = tensor_arg(ctx, input_obj, "x");
   const RowView x = row_view(ctx, input);
@@ -67,7 +67,7 @@ void scale(nb::handle out_obj, nb::handle input_obj, double factor, uintptr_t st
     cpu::run_cpu(p.dtype, x.numel(), [&](auto tag) { scale_cpu<decltype(tag)>(p); });
   } else {
 #ifdef OPFORGE_WITH_CUDA
-    check_launch(ctx, cuda::launch_scale(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
+    check_launch(ctx, cuda::launch_scale(p, x.device_id, launch_stream(stream, x.device_id)), x.device_id);
 #endif
   }
   mark_written({out_obj});
@@ -81,7 +81,7 @@ const char* act_op_name(Activation act) {
   }
 }
 
-void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr_t stream, bool launch, bool pdl) {
+void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, std::optional<uintptr_t> stream, bool launch, bool pdl) {
   if (act_code < 0 || act_code > 2) throw_value_error("opforge: unknown activation code " + std::to_string(act_code));
   const auto act = static_cast<Activation>(act_code);
   const OpContext ctx{act_op_name(act)};
@@ -125,7 +125,7 @@ void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr
     cpu::run_cpu(p.dtype, o.numel(), [&](auto tag) { act_and_mul_cpu<decltype(tag)>(p); });
   } else {
 #ifdef OPFORGE_WITH_CUDA
-    check_launch(ctx, cuda::launch_act_and_mul(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
+    check_launch(ctx, cuda::launch_act_and_mul(p, x.device_id, launch_stream(stream, x.device_id)), x.device_id);
 #endif
   }
   mark_written({out_obj});
@@ -135,9 +135,9 @@ void act_and_mul(nb::handle out_obj, nb::handle input_obj, int act_code, uintptr
 
 void bind_elementwise(nb::module_& m) {
   m.def("scale", &scale, nb::arg("out"), nb::arg("input"), nb::arg("factor"),
-        nb::arg("stream"), nb::arg("launch"), "out = input * factor (fp32 math); see opforge.ops.scale.");
+        nb::arg("stream").none(), nb::arg("launch"), "out = input * factor (fp32 math); see opforge.ops.scale.");
   m.def("act_and_mul", &act_and_mul, nb::arg("out"), nb::arg("input"), nb::arg("act"),
-        nb::arg("stream"), nb::arg("launch"), nb::arg("pdl") = false,
+        nb::arg("stream").none(), nb::arg("launch"), nb::arg("pdl") = false,
         "out = act(input[..., :d]) * input[..., d:]; act 0 silu, 1 gelu, 2 gelu_tanh; pdl: programmatic dependent launch.");
 }
 

@@ -62,7 +62,7 @@ const char* norm_op_name(bool add, bool gemma) {
 }
 
 void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb::handle residual_out_obj,
-          nb::handle weight_obj, double eps, bool gemma, uintptr_t stream, bool launch, int vpt, bool pdl) {
+          nb::handle weight_obj, double eps, bool gemma, std::optional<uintptr_t> stream, bool launch, int vpt, bool pdl) {
   const bool add = !residual_obj.is_none();
   const OpContext ctx{norm_op_name(add, gemma)};
   const TensorArg input = tensor_arg(ctx, input_obj, "input");
@@ -135,7 +135,7 @@ void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb:
     cpu::run_cpu(p.dtype, p.rows * p.hidden, [&](auto tag) { norm_cpu<decltype(tag)>(p); });
   } else {
 #ifdef OPFORGE_WITH_CUDA
-    check_launch(ctx, cuda::launch_norm(p, x.device_id, reinterpret_cast<void*>(stream)), x.device_id);
+    check_launch(ctx, cuda::launch_norm(p, x.device_id, launch_stream(stream, x.device_id)), x.device_id);
 #endif
   }
   if (add) {
@@ -149,7 +149,7 @@ void norm(nb::handle out_obj, nb::handle input_obj, nb::handle residual_obj, nb:
 
 void bind_norm(nb::module_& m) {
   m.def("norm", &norm, nb::arg("out"), nb::arg("input"), nb::arg("residual").none(), nb::arg("residual_out").none(),
-        nb::arg("weight"), nb::arg("eps"), nb::arg("gemma"), nb::arg("stream"), nb::arg("launch"), nb::arg("vpt") = -1,
+        nb::arg("weight"), nb::arg("eps"), nb::arg("gemma"), nb::arg("stream").none(), nb::arg("launch"), nb::arg("vpt") = -1,
         nb::arg("pdl") = false,
         "RMSNorm family into `out` (and `residual_out` when `residual` is given); see opforge.ops.norm.\n"
         "pdl: programmatic dependent launch (compute capability 9.0+).\n"

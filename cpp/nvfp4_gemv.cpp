@@ -204,7 +204,7 @@ Nvfp4GemvPlan forced_or_chosen_plan(int64_t m, int64_t k, int64_t l, int sms, in
 // backend). Returns 0 when done, or, for a CUDA plan that splits K and no workspace given, the
 // fp32 elements of workspace to call again with (nothing is written then).
 int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::handle scale_a_obj,
-                   nb::handle scale_b_obj, nb::handle workspace_obj, uintptr_t stream, bool launch, int rows, int group,
+                   nb::handle scale_b_obj, nb::handle workspace_obj, std::optional<uintptr_t> stream, bool launch, int rows, int group,
                    int splits, int blocks_per_sm) {
   const Operand a = operand(a_obj, "a", Kind::kFp4, "[M, K/2, L]");
   check_device_supported(kCtx, a.device_view());
@@ -294,7 +294,7 @@ int64_t nvfp4_gemv(nb::handle out_obj, nb::handle a_obj, nb::handle b_obj, nb::h
       for (const Operand* o : {&a, &b, &sa, &sb}) check_separate(kCtx, ws, *o);
       p.workspace = reinterpret_cast<float*>(ws.data());
     }
-    check_launch(kCtx, cuda::launch_nvfp4_gemv(p, plan, device, reinterpret_cast<void*>(stream)), device);
+    check_launch(kCtx, cuda::launch_nvfp4_gemv(p, plan, device, launch_stream(stream, device)), device);
 #endif
   }
   mark_written({out_obj});
@@ -320,7 +320,7 @@ nb::dict plan_dict(int64_t m, int64_t k, int64_t l, int sms, int rows, int group
 
 void bind_nvfp4_gemv(nb::module_& m) {
   m.def("nvfp4_gemv", &nvfp4_gemv, nb::arg("out"), nb::arg("a"), nb::arg("b"), nb::arg("scale_a"),
-        nb::arg("scale_b"), nb::arg("workspace").none(), nb::arg("stream"), nb::arg("launch"), nb::arg("rows") = -1,
+        nb::arg("scale_b"), nb::arg("workspace").none(), nb::arg("stream").none(), nb::arg("launch"), nb::arg("rows") = -1,
         nb::arg("group") = -1, nb::arg("splits") = -1, nb::arg("blocks_per_sm") = -1,
         "c = A @ B per batch for NVFP4 operands, into `out`; see opforge.ops.nvfp4. Returns 0, or the float32\n"
         "workspace elements a CUDA plan that splits K needs (call again with it; nothing was written).\n"

@@ -244,7 +244,7 @@ PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, in
 // fp32 elements of workspace to call again with (nothing is written then).
 int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handle q_obj, nb::handle k_obj,
                                nb::handle v_obj, nb::handle indptr_obj, nb::handle indices_obj, nb::handle last_obj,
-                               nb::handle workspace_obj, double sm_scale, uintptr_t stream, bool launch, int splits,
+                               nb::handle workspace_obj, double sm_scale, std::optional<uintptr_t> stream, bool launch, int splits,
                                int token_warps, int64_t max_tokens) {
   const Arg q = arg(q_obj, "q", Kind::kQuery, {}, 3);
   const nb::dlpack::dtype attn = q.t.dtype();
@@ -382,7 +382,7 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
       if (last) check_separate(kCtx, ws, *last);
       p.workspace = reinterpret_cast<float*>(ws.data());
     }
-    check_launch(kCtx, cuda::launch_paged_decode_attention(p, plan, device, reinterpret_cast<void*>(stream)), device);
+    check_launch(kCtx, cuda::launch_paged_decode_attention(p, plan, device, launch_stream(stream, device)), device);
 #endif
   }
   mark_written({out_obj, lse_obj});
@@ -413,7 +413,7 @@ nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int
 void bind_paged_decode_attention(nb::module_& m) {
   m.def("paged_decode_attention", &paged_decode_attention, nb::arg("out"), nb::arg("lse"), nb::arg("q"),
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("kv_indptr"), nb::arg("kv_indices"),
-        nb::arg("kv_last_page_len").none(), nb::arg("workspace").none(), nb::arg("sm_scale"), nb::arg("stream"),
+        nb::arg("kv_last_page_len").none(), nb::arg("workspace").none(), nb::arg("sm_scale"), nb::arg("stream").none(),
         nb::arg("launch"), nb::arg("splits") = -1, nb::arg("token_warps") = -1, nb::arg("max_tokens") = 0,
         "GQA decode over a paged KV cache into out and lse; see opforge.ops.paged_decode_attention. Returns 0, or the\n"
         "float32 workspace elements a CUDA plan with splits needs (call again with it; nothing was written).\n"

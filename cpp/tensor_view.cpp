@@ -30,7 +30,7 @@ struct DLPackExchangeAPI {
   void* managed_tensor_from_py_object_no_sync;
   void* managed_tensor_to_py_object_no_sync;
   int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
-  void* current_work_stream;
+  int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
 };
 
 // The payload of a DLPack capsule ("dltensor"): the export for torch releases without the above.
@@ -46,18 +46,32 @@ struct TorchBridge {
   PyObject* tensor_type = nullptr;  // torch.Tensor
   PyObject* to_dlpack = nullptr;    // torch._C._to_dlpack
   int (*export_view)(void*, nb::dlpack::dltensor*) = nullptr;  // the exchange API's, when torch has it
+  int (*current_work_stream)(int32_t, int32_t, void**) = nullptr;  // likewise
+  PyObject* current_stream = nullptr;                           // Python fallback: device index -> handle
   PyObject* increment_version = nullptr;                        // takes a tuple of tensors
   PyObject* is_grad_enabled = nullptr;                          // torch.is_grad_enabled
-  PyObject* untyped_storage = nullptr;                          // interned method and attribute names
+  // torch.Tensor's own attributes, looked up once: calling them directly skips the attribute
+  // lookup through the instance dict and the class hierarchy that obj.name() pays on every call
+  // (a third of a method call's cost), and always reaches torch's implementation.
+  PyObject* untyped_storage = nullptr;  // methods
   PyObject* storage_offset = nullptr;
   PyObject* is_neg = nullptr;
-  PyObject* requires_grad = nullptr;
+  PyObject* requires_grad = nullptr;  // a descriptor
+  descrgetfunc requires_grad_get = nullptr;  // and its getter (PyType_GetSlot: the limited API's way)
 };
 TorchBridge torch_bridge;
 
-PyObject* call_method(PyObject* name, PyObject* self) {
+PyObject* call_method(PyObject* method, PyObject* self) {
   PyObject* args[1] = {self};
-  PyObject* result = PyObject_VectorcallMethod(name, args, 1, nullptr);
+  PyObject* result = PyObject_Vectorcall(method, args, 1, nullptr);
+  if (!result) throw nb::python_error();
+  return result;
+}
+
+// The value of torch.Tensor.requires_grad for `self`, through the descriptor's getter.
+PyObject* requires_grad_of(PyObject* self) {
+  PyObject* result = torch_bridge.requires_grad_get(torch_bridge.requires_grad, self,
+                                                     reinterpret_cast<PyObject*>(Py_TYPE(self)));
   if (!result) throw nb::python_error();
   return result;
 }
@@ -126,8 +140,7 @@ TensorArg tensor_arg(const OpContext& ctx, nb::handle obj, const char* name) {
   // Autograd cannot see through the kernels: a tensor that needs grad while grad mode is on is
   // refused rather than given a result without a gradient. The tensor's flag first: grad mode
   // (a Python call) is asked only for the rare tensor that requires grad.
-  PyObject* needs = PyObject_GetAttr(obj.ptr(), torch_bridge.requires_grad);
-  if (!needs) throw nb::python_error();
+  PyObject* needs = requires_grad_of(obj.ptr());
   const bool requires_grad = needs == Py_True;
   Py_DECREF(needs);
   if (requires_grad) {
@@ -182,40 +195,64 @@ void mark_written(std::initializer_list<nb::handle> outputs) {
   Py_DECREF(result);
 }
 
+void* launch_stream(std::optional<uintptr_t> stream, int device) {
+  if (stream) return reinterpret_cast<void*>(*stream);
+  void* handle = nullptr;
+  if (torch_bridge.current_work_stream) {
+    if (torch_bridge.current_work_stream(2 /* kDLCUDA */, device, &handle) != 0) {
+      throw_runtime_error("opforge: torch could not name its current CUDA stream on cuda:" + std::to_string(device));
+    }
+    return handle;
+  }
+  const nb::object index = nb::int_(device);
+  PyObject* args[1] = {index.ptr()};
+  const nb::object result = nb::steal(PyObject_Vectorcall(torch_bridge.current_stream, args, 1, nullptr));
+  if (!result.is_valid()) throw nb::python_error();
+  return reinterpret_cast<void*>(nb::cast<uintptr_t>(result));
+}
+
 void bind_tensors(nb::module_& m) {
   m.def(
       "bind_torch",
       [](nb::handle tensor_type, nb::handle to_dlpack, nb::handle exchange_api, nb::handle increment_version,
-         nb::handle is_grad_enabled) {
+         nb::handle is_grad_enabled, nb::handle current_stream) {
         const DLPackExchangeAPI* api = nullptr;
         if (!exchange_api.is_none()) {
           api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(exchange_api.ptr(), "dlpack_exchange_api"));
           if (!api) throw nb::python_error();
         }
-        // Rebinding (tests force the capsule export this way) releases the previous objects.
-        for (PyObject* o : {torch_bridge.tensor_type, torch_bridge.to_dlpack, torch_bridge.increment_version,
-                            torch_bridge.is_grad_enabled, torch_bridge.untyped_storage, torch_bridge.storage_offset,
-                            torch_bridge.is_neg, torch_bridge.requires_grad}) {
-          Py_XDECREF(o);
-        }
         TorchBridge b;
         b.tensor_type = tensor_type.inc_ref().ptr();
         b.to_dlpack = to_dlpack.inc_ref().ptr();
-        // Only DLPack major version 1 has this layout; anything else exports through capsules.
-        b.export_view = api && api->major == 1 ? api->dltensor_from_py_object_no_sync : nullptr;
+        // Only DLPack major version 1 has this layout; anything else goes through Python.
+        if (api && api->major == 1) {
+          b.export_view = api->dltensor_from_py_object_no_sync;
+          b.current_work_stream = api->current_work_stream;
+        }
+        b.current_stream = current_stream.inc_ref().ptr();
         b.increment_version = increment_version.inc_ref().ptr();
         b.is_grad_enabled = is_grad_enabled.inc_ref().ptr();
-        b.requires_grad = PyUnicode_InternFromString("requires_grad");
-        b.untyped_storage = PyUnicode_InternFromString("untyped_storage");
-        b.storage_offset = PyUnicode_InternFromString("storage_offset");
-        b.is_neg = PyUnicode_InternFromString("is_neg");
+        b.requires_grad = nb::object(tensor_type.attr("requires_grad")).release().ptr();
+        b.requires_grad_get =
+            reinterpret_cast<descrgetfunc>(PyType_GetSlot(Py_TYPE(b.requires_grad), Py_tp_descr_get));
+        if (!b.requires_grad_get) throw nb::type_error("opforge._C: torch.Tensor.requires_grad is not a descriptor");
+        b.untyped_storage = nb::object(tensor_type.attr("untyped_storage")).release().ptr();
+        b.storage_offset = nb::object(tensor_type.attr("storage_offset")).release().ptr();
+        b.is_neg = nb::object(tensor_type.attr("is_neg")).release().ptr();
+        // Rebinding (tests force the capsule export this way) releases the previous objects.
+        for (PyObject* o : {torch_bridge.tensor_type, torch_bridge.to_dlpack, torch_bridge.current_stream,
+                            torch_bridge.increment_version, torch_bridge.is_grad_enabled, torch_bridge.untyped_storage,
+                            torch_bridge.storage_offset, torch_bridge.is_neg, torch_bridge.requires_grad}) {
+          Py_XDECREF(o);
+        }
         torch_bridge = b;
       },
       nb::arg("tensor_type"), nb::arg("to_dlpack"), nb::arg("exchange_api").none(), nb::arg("increment_version"),
-      nb::arg("is_grad_enabled"),
+      nb::arg("is_grad_enabled"), nb::arg("current_stream"),
       "Called once by opforge._ext: torch.Tensor, torch._C._to_dlpack, torch's DLPack exchange API capsule "
-      "(None where torch has none), a function bumping the version counters of a tuple of tensors and "
-      "torch.is_grad_enabled.");
+      "(None where torch has none), a function bumping the version counters of a tuple of tensors, "
+      "torch.is_grad_enabled and a function from a CUDA device index to its current stream's handle "
+      "(used where the exchange API is missing).");
 }
 
 std::string dtype_name(nb::dlpack::dtype dt) {

@@ -5,9 +5,11 @@
 #pragma once
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>  // nb::dlpack: DLPack's ABI structs
+#include <nanobind/stl/optional.h>  // stream=None: the current stream
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "dtype.h"
@@ -81,6 +83,11 @@ TensorArg tensor_arg_or_same(const OpContext& ctx, nb::handle obj, const char* n
 // so a backward that saved one of them raises instead of using the new values, as it does after
 // torch's own in-place ops.
 void mark_written(std::initializer_list<nb::handle> outputs);
+
+// The stream a launch on CUDA device `device` goes to: `stream` when given (0 is the legacy
+// default stream), else torch's current stream on that device, asked of torch in C (its DLPack
+// exchange API) rather than through a Python call.
+void* launch_stream(std::optional<uintptr_t> stream, int device);
 
 // opforge._ext hands over torch's side of the bridge once, at import (see tensor_view.cpp).
 void bind_tensors(nb::module_& m);

@@ -561,11 +561,11 @@ def export_spy():
         return torch._C._to_dlpack(t)
 
     def bind(api):
-        _C.bind_torch(torch.Tensor, to_dlpack, api, _ext._version_bump(), torch._C.is_grad_enabled)
+        _C.bind_torch(torch.Tensor, to_dlpack, api, _ext._version_bump(), torch._C.is_grad_enabled, _ext.cuda_stream)
 
     yield bind, exported
     _C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
-                  _ext._version_bump(), torch._C.is_grad_enabled)
+                  _ext._version_bump(), torch._C.is_grad_enabled, _ext.cuda_stream)
 
 
 @pytest.mark.skipif(not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"), reason="torch has no DLPack exchange API")
@@ -627,3 +627,59 @@ def test_an_in_place_call_gives_what_separate_outputs_give():
     assert torch.equal(got_out, want_out) and torch.equal(got_res, want_res)
     y = x.clone()
     assert opforge.scale(y, 3.0, out=y) is y and torch.equal(y, opforge.scale(x, 3.0))
+
+
+class _Liar(torch.Tensor):
+    """A tensor subclass whose methods answer that all is well."""
+
+    @property
+    def requires_grad(self):
+        return False
+
+    def is_neg(self):
+        return False
+
+    def untyped_storage(self):
+        return torch.UntypedStorage(1 << 20)
+
+    def storage_offset(self):
+        return 0
+
+
+@pytest.mark.parametrize("problem", ["freed", "shrunk", "negative-bit", "requires-grad"])
+def test_a_tensor_subclass_cannot_talk_its_way_past_the_checks(problem):
+    """The binding asks torch's own Tensor methods about the storage, the negative bit and grad,
+    not whatever a subclass puts in their place."""
+    x, w = torch.randn(4, 8), torch.randn(8)
+    bad = {"freed": _freed, "shrunk": _shrunk, "negative-bit": _negative_view,
+           "requires-grad": lambda t: t.clone().requires_grad_()}[problem](x)
+    liar = bad.as_subclass(_Liar)
+    assert not liar.requires_grad and not liar.is_neg() and liar.untyped_storage().nbytes() == 1 << 20
+    words = {"freed": "storage", "shrunk": "storage", "negative-bit": "negative-bit", "requires-grad": "requires grad"}
+    for call in (lambda: opforge.rmsnorm(liar, w), lambda: opforge.rmsnorm(x.clone(), w, out=liar),
+                 lambda: opforge.scale(liar, 2.0, skip_check=True)):
+        with pytest.raises(ValueError, match=words[problem]):
+            call()
+
+
+@pytest.mark.gpu
+def test_without_the_exchange_api_kernels_run_on_the_current_stream(export_spy):
+    """Where torch has no DLPack exchange API the binding asks Python for the current stream: the
+    kernel still runs after earlier work on a user stream (the input is written there after a
+    long sleep, so a kernel launched on another stream would read zeros)."""
+    bind, exported = export_spy
+    bind(None)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x0 = torch.randn(64, 4096, device="cuda", generator=gen).bfloat16()
+    w = torch.randn(4096, device="cuda", generator=gen).bfloat16()
+    want = opforge.rmsnorm(x0, w, backend="torch")
+    x = torch.zeros_like(x0)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        x.copy_(x0)
+        got = opforge.rmsnorm(x, w)
+    side.synchronize()
+    assert exported, "the capsule export was not used"
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

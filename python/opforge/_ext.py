@@ -6,7 +6,8 @@ tens of nanoseconds per tensor; torch releases without it go through ``torch._C.
 capsules, about 0.2 us), and ask torch what DLPack cannot say (the storage's size, the
 negative bit) before anything runs; after a kernel wrote its outputs they bump the outputs'
 version counters, as torch's own in-place ops do. The kernels launch on torch's *current* stream
-of the tensor's device, passed as an integer, so CUDA-graph capture and user streams work.
+of the tensors' device, which the bindings ask torch for in C (the exchange API again; stream
+handles passed as integers where torch has none), so CUDA-graph capture and user streams work.
 Nothing here touches a GPU at import.
 """
 
@@ -36,14 +37,16 @@ def _version_bump():
     return bump
 
 
-_C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
-              _version_bump(), torch._C.is_grad_enabled)
-
 #: Handle of torch's current CUDA stream on a device index (0 = the legacy default stream).
-#: torch's raw accessor skips building a Stream object, which costs about 1 us per call.
+#: torch's raw accessor skips building a Stream object, which costs about 1 us per call. The
+#: bindings ask torch in C for the stream (stream=None); this is their fallback where torch has
+#: no DLPack exchange API.
 cuda_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream
 )
+
+_C.bind_torch(torch.Tensor, torch._C._to_dlpack, getattr(torch.Tensor, "__dlpack_c_exchange_api__", None),
+              _version_bump(), torch._C.is_grad_enabled, cuda_stream)
 
 
 @functools.cache

@@ -256,12 +256,14 @@ def backend_requirement(
 def fast_entry(slow: Callable, fast: Callable) -> Callable:
     """The public function of an op whose plain calls must cost little on the host: ``fast`` has
     the op's signature plus ``skip_check``, serves the common call in one Python frame (backend
-    "auto" on a device ``slow`` already resolved, no tracing or apply hook, not under
-    torch.compile, arguments of the plain types) and hands every other call to ``slow``, the
-    op decorated with backend_requirement, which checks and explains. The compiled binding
-    validates every tensor on both paths (types, dtypes, shapes, devices, strides, storages,
-    aliasing, grad), with the same messages, so skipping the Python-level checks loses nothing.
-    ``fast`` gets ``slow``'s name, documentation and query methods.
+    "auto", no tracing or apply hook, not under torch.compile, arguments of the plain types)
+    and hands every other call to ``slow``, the op decorated with backend_requirement, which
+    checks and explains. The compiled binding validates every tensor on both paths (types,
+    dtypes, shapes, devices, strides, storages, aliasing, grad), with the same messages, picks
+    the kernel for the tensors' device (C++ on CPU, CUDA on a GPU, whose current stream it asks
+    torch for) and names the archs to rebuild for when the build has no code for the GPU, so
+    skipping the Python-level checks loses nothing. ``fast`` gets ``slow``'s name,
+    documentation and query methods.
     """
     functools.update_wrapper(fast, slow)
     fast.__wrapped__ = slow

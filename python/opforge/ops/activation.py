@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from .. import _ext, _hooks
-from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement, fast_entry
 from ._common import BACKEND_CHECKS, LIBRARY, check_bool, check_tensors, native_backend, refuse_grad
@@ -46,8 +45,7 @@ def _out_like(input: torch.Tensor, name: str) -> torch.Tensor:
 def _run(out, input, activation: str, backend: str, pdl: bool = False) -> None:
     launch = backend != "torch"
     # For the "torch" backend the binding only validates (launch=False); the reference computes.
-    stream = cuda_stream(input.get_device()) if launch and input.is_cuda else 0
-    _C.act_and_mul(out, input, ACTIVATIONS[activation][0], stream, launch, pdl)
+    _C.act_and_mul(out, input, ACTIVATIONS[activation][0], None, launch, pdl)
     if not launch:
         out.copy_(act_and_mul_reference(input, activation))
 
@@ -93,7 +91,7 @@ def _make(activation: str, doc: str):
     op.__doc__ = doc
     slow = backend_requirement(BACKEND_CHECKS, common_check=_check, heuristic_func=native_backend, traced=traced,
                                auto_by_device=True)(op)
-    auto, code = slow.auto_choice, ACTIVATIONS[activation][0]
+    code = ACTIVATIONS[activation][0]
 
     def fast(input, out=None, *, backend="auto", enable_pdl=False, skip_check=False):
         # The plain call in one frame (see backend.fast_entry); anything else takes the checked path.
@@ -101,12 +99,9 @@ def _make(activation: str, doc: str):
                 or (out is not None and type(out) is not _Tensor) or type(enable_pdl) is not bool
                 or _is_compiling()):
             return slow(input, out, backend=backend, enable_pdl=enable_pdl, skip_check=skip_check)
-        index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
-        if index is None or auto.get(index) is None:
-            return slow(input, out, backend=backend, enable_pdl=enable_pdl, skip_check=skip_check)
         if out is None:
             out = _out_like(input, name)
-        _C.act_and_mul(out, input, code, cuda_stream(index) if index >= 0 else 0, True, enable_pdl)
+        _C.act_and_mul(out, input, code, None, True, enable_pdl)
         return out
 
     return opforge_api(fast_entry(slow, fast))

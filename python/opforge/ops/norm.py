@@ -20,7 +20,6 @@ from typing import Optional
 import torch
 
 from .. import _ext, _hooks
-from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement, fast_entry
 from ._common import BACKEND_CHECKS, LIBRARY, check_bool, check_float, check_tensors, native_backend, refuse_grad
@@ -50,8 +49,7 @@ def _run(out, input, residual, residual_out, weight, eps, gemma, backend, pdl=Fa
     # anything runs; for the "torch" backend it only validates (launch=False), then the
     # reference computes.
     launch = backend != "torch"
-    _C.norm(out, input, residual, residual_out, weight, eps, gemma,
-            cuda_stream(input.get_device()) if launch and input.is_cuda else 0, launch, -1, pdl)
+    _C.norm(out, input, residual, residual_out, weight, eps, gemma, None, launch, -1, pdl)
     if not launch:
         ref_out, ref_res = norm_reference(input, weight, eps, gemma, residual)
         if ref_res is not None:
@@ -197,28 +195,20 @@ def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight:
 
 
 def _fast_norm(slow, gemma: bool):
-    auto = slow.auto_choice
-
     def fast(input, weight, eps=1e-6, out=None, *, backend="auto", enable_pdl=False, skip_check=False):
         if (backend != "auto" or _hooks.active or type(input) is not _Tensor or type(weight) is not _Tensor
                 or type(eps) is not float or (out is not None and type(out) is not _Tensor)
                 or type(enable_pdl) is not bool or _is_compiling()):
             return slow(input, weight, eps, out, backend=backend, enable_pdl=enable_pdl, skip_check=skip_check)
-        index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
-        if index is None or auto.get(index) is None:  # a device the checked path has not resolved yet
-            return slow(input, weight, eps, out, backend=backend, enable_pdl=enable_pdl, skip_check=skip_check)
         if out is None:
             out = torch.empty_like(input)
-        _C.norm(out, input, None, None, weight, eps, gemma, cuda_stream(index) if index >= 0 else 0, True, -1,
-                enable_pdl)
+        _C.norm(out, input, None, None, weight, eps, gemma, None, True, -1, enable_pdl)
         return out
 
     return fast_entry(slow, fast)
 
 
 def _fast_add_norm(slow, gemma: bool):
-    auto = slow.auto_choice
-
     def fast(input, residual, weight, eps=1e-6, out=None, residual_out=None, *, backend="auto", enable_pdl=False,
              skip_check=False):
         if (backend != "auto" or _hooks.active or type(input) is not _Tensor or type(residual) is not _Tensor
@@ -228,16 +218,11 @@ def _fast_add_norm(slow, gemma: bool):
                 or type(enable_pdl) is not bool or _is_compiling()):
             return slow(input, residual, weight, eps, out, residual_out, backend=backend, enable_pdl=enable_pdl,
                         skip_check=skip_check)
-        index = input.get_device() if input.is_cuda else -1 if input.is_cpu else None
-        if index is None or auto.get(index) is None:
-            return slow(input, residual, weight, eps, out, residual_out, backend=backend, enable_pdl=enable_pdl,
-                        skip_check=skip_check)
         if out is None:
             out = torch.empty_like(input)
         if residual_out is None:
             residual_out = torch.empty_like(residual)
-        _C.norm(out, input, residual, residual_out, weight, eps, gemma, cuda_stream(index) if index >= 0 else 0, True,
-                -1, enable_pdl)
+        _C.norm(out, input, residual, residual_out, weight, eps, gemma, None, True, -1, enable_pdl)
         return out, residual_out
 
     return fast_entry(slow, fast)

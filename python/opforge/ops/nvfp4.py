@@ -37,7 +37,6 @@ from typing import Optional
 import torch
 
 from .. import _ext
-from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement
 from ._common import BACKEND_CHECKS, LIBRARY, check_tensors, native_backend, refuse_grad
@@ -69,13 +68,12 @@ def _run(out, a, b, scale_a, scale_b, backend: str) -> None:
     # The binding validates dtypes, shapes, strides, devices, storages and aliasing before
     # anything runs; for the "torch" backend it only validates (launch=False).
     launch = backend != "torch"
-    stream = cuda_stream(a.get_device()) if launch and a.is_cuda else 0
-    need = _C.nvfp4_gemv(out, a, b, scale_a, scale_b, None, stream, launch)
+    need = _C.nvfp4_gemv(out, a, b, scale_a, scale_b, None, None, launch)
     if need:
         # The CUDA plan splits K across blocks (M * L small against the GPU): fp32 partial sums
         # in a workspace from torch's allocator (on this stream, so capture and reuse are safe).
         workspace = torch.empty(need, dtype=torch.float32, device=a.device)
-        _C.nvfp4_gemv(out, a, b, scale_a, scale_b, workspace, stream, launch)
+        _C.nvfp4_gemv(out, a, b, scale_a, scale_b, workspace, None, launch)
     if not launch:
         out.copy_(nvfp4_gemv_torch(a, b, scale_a, scale_b))
 

@@ -42,7 +42,6 @@ from typing import Optional
 import torch
 
 from .. import _ext
-from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement, supported_compute_capability
 from ._common import (LIBRARY, check_float, check_tensors, cpu_check, cuda_check, first_tensor,
@@ -139,15 +138,14 @@ def _run(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len,
     # CPU tensors, the layout's values) before anything runs; for the "torch" backend it only
     # validates (launch=False), then the formula computes.
     launch = backend != "torch"
-    stream = cuda_stream(q.get_device()) if launch and q.is_cuda else 0
     need = _C.paged_decode_attention(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, None,
-                                     sm_scale, stream, launch, max_tokens=max_tokens)
+                                     sm_scale, None, launch, max_tokens=max_tokens)
     if need:
         # The CUDA plan splits the requests' tokens: fp32 partials in a workspace from torch's
         # allocator (on this stream, so capture and reuse are safe).
         workspace = torch.empty(need, dtype=torch.float32, device=q.device)
         _C.paged_decode_attention(out, lse, q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, workspace,
-                                  sm_scale, stream, launch, max_tokens=max_tokens)
+                                  sm_scale, None, launch, max_tokens=max_tokens)
     if not launch:
         if q.is_cuda:  # the formula indexes with these values: never with invalid ones
             problem = _layout_problem(k_cache, kv_indptr, kv_indices, kv_last_page_len)

@@ -7,7 +7,6 @@ from typing import Optional
 import torch
 
 from .. import _ext, _hooks
-from .._ext import cuda_stream
 from ..api_logging import opforge_api
 from ..backend import backend_requirement, fast_entry
 from ._common import BACKEND_CHECKS, LIBRARY, check_float, check_tensors, native_backend, refuse_grad
@@ -25,7 +24,7 @@ def scale_reference(x: torch.Tensor, factor: float) -> torch.Tensor:
 def _run(out, x, factor: float, backend: str) -> None:
     launch = backend != "torch"
     # For the "torch" backend the binding only validates (launch=False); the reference computes.
-    _C.scale(out, x, factor, cuda_stream(x.get_device()) if launch and x.is_cuda else 0, launch)
+    _C.scale(out, x, factor, None, launch)
     if not launch:
         out.copy_(scale_reference(x, factor))
 
@@ -71,19 +70,14 @@ def scale(x: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, *,
 
 
 def _fast(slow):
-    auto = slow.auto_choice
-
     def fast(x, factor, out=None, *, backend="auto", skip_check=False):
         # The plain call in one frame (see backend.fast_entry); anything else takes the checked path.
         if (backend != "auto" or _hooks.active or type(x) is not _Tensor or type(factor) is not float
                 or (out is not None and type(out) is not _Tensor) or _is_compiling()):
             return slow(x, factor, out, backend=backend, skip_check=skip_check)
-        index = x.get_device() if x.is_cuda else -1 if x.is_cpu else None
-        if index is None or auto.get(index) is None:
-            return slow(x, factor, out, backend=backend, skip_check=skip_check)
         if out is None:
             out = torch.empty_like(x)
-        _C.scale(out, x, factor, cuda_stream(index) if index >= 0 else 0, True)
+        _C.scale(out, x, factor, None, True)
         return out
 
     return fast_entry(slow, fast)
