@@ -103,12 +103,15 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
 constexpr int64_t kNormNarrowHidden = 1024;
 constexpr int64_t kNormNarrowElems = int64_t(1) << 17;
 
+// The shape test alone (the launcher then checks alignment, then asks for the launch once).
+inline bool norm_narrow_candidate(int64_t rows, int64_t hidden, int elem_bytes, int force_vpt = -1) {
+  return force_vpt < 0 && elem_bytes == 2 && rows <= kNormDecodeRows && hidden <= kNormNarrowHidden &&
+         rows * hidden <= kNormNarrowElems;
+}
+
 inline bool norm_narrow_access(int64_t rows, int64_t hidden, int elem_bytes, int sms, int force_vpt = -1) {
-  if (force_vpt >= 0 || elem_bytes != 2 || rows > kNormDecodeRows || hidden > kNormNarrowHidden ||
-      rows * hidden > kNormNarrowElems) {
-    return false;
-  }
-  return choose_norm_launch(rows, hidden / (8 / elem_bytes), sms).vecs_per_thread == 2;  // not on GPUs of a few SMs
+  return norm_narrow_candidate(rows, hidden, elem_bytes, force_vpt) &&
+         choose_norm_launch(rows, hidden / (8 / elem_bytes), sms).vecs_per_thread == 2;  // not on GPUs of a few SMs
 }
 
 }  // namespace opforge

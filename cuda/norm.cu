@@ -191,10 +191,10 @@ __global__ void __launch_bounds__(1024) norm_rows_streaming_kernel(const NormPar
   }
 }
 
-// kNarrow: only the 2-vectors-per-thread kernel exists (norm_narrow_access).
+// Launches the kernel for `l` (choose_norm_launch of the rows in VEC-element vectors). kNarrow:
+// only the 2-vectors-per-thread kernel exists (norm_narrow_access).
 template <typename T, int VEC, bool ADD, bool kNarrow = false>
-int launch_shaped(const NormParams& p, int device, cudaStream_t stream) {
-  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / VEC, sm_count(device), p.force_vpt);
+int launch_shaped(const NormParams& p, const RowLaunch& l, cudaStream_t stream) {
   // Register path: a row along x (group threads), l.threads / group rows along y.
   const dim3 grid(static_cast<unsigned>(l.blocks));
   const dim3 block(static_cast<unsigned>(l.group), static_cast<unsigned>(l.group > 0 ? l.threads / l.group : 1));
@@ -221,27 +221,31 @@ int launch_typed(const NormParams& p, int device, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int es = sizeof(T);
   const bool add = p.residual != nullptr;
+  const int sms = sm_count(device);
+  // Accesses of `width` elements need whole vectors per row and every pointer and row stride
+  // aligned to them.
+  auto aligned = [&](int width) {
+    return p.hidden % width == 0 && vec_aligned(p.input, p.input_stride, width, es) &&
+           vec_aligned(p.out, p.out_stride, width, es) && vec_aligned(p.weight, 0, width, es) &&
+           (!add || (vec_aligned(p.residual, p.residual_stride, width, es) &&
+                     vec_aligned(p.residual_out, p.residual_out_stride, width, es)));
+  };
   if constexpr (sizeof(T) == 2) {
     constexpr int kNarrow = 8 / sizeof(T);
-    if (norm_narrow_access(p.rows, p.hidden, es, sm_count(device), p.force_vpt) && p.hidden % kNarrow == 0 &&
-        vec_aligned(p.input, p.input_stride, kNarrow, es) && vec_aligned(p.out, p.out_stride, kNarrow, es) &&
-        vec_aligned(p.weight, 0, kNarrow, es) &&
-        (!add || (vec_aligned(p.residual, p.residual_stride, kNarrow, es) &&
-                  vec_aligned(p.residual_out, p.residual_out_stride, kNarrow, es)))) {
-      return add ? launch_shaped<T, kNarrow, true, true>(p, device, stream)
-                 : launch_shaped<T, kNarrow, false, true>(p, device, stream);
+    if (norm_narrow_candidate(p.rows, p.hidden, es, p.force_vpt) && aligned(kNarrow)) {
+      const RowLaunch l = choose_norm_launch(p.rows, p.hidden / kNarrow, sms);
+      if (l.vecs_per_thread == 2) {  // not on GPUs of a few SMs (norm_narrow_access)
+        return add ? launch_shaped<T, kNarrow, true, true>(p, l, stream)
+                   : launch_shaped<T, kNarrow, false, true>(p, l, stream);
+      }
     }
   }
-  // 16-byte accesses need every pointer and row stride aligned and whole vectors per row;
-  // otherwise the scalar kernel serves (odd hidden sizes, offset views).
-  bool wide = p.hidden % kVec == 0 && vec_aligned(p.input, p.input_stride, kVec, es) &&
-              vec_aligned(p.out, p.out_stride, kVec, es) && vec_aligned(p.weight, 0, kVec, es);
-  if (add) {
-    wide = wide && vec_aligned(p.residual, p.residual_stride, kVec, es) &&
-           vec_aligned(p.residual_out, p.residual_out_stride, kVec, es);
-    return wide ? launch_shaped<T, kVec, true>(p, device, stream) : launch_shaped<T, 1, true>(p, device, stream);
-  }
-  return wide ? launch_shaped<T, kVec, false>(p, device, stream) : launch_shaped<T, 1, false>(p, device, stream);
+  // 16-byte accesses where everything is aligned for them; otherwise the scalar kernel serves
+  // (odd hidden sizes, offset views).
+  const bool wide = aligned(kVec);
+  const RowLaunch l = choose_norm_launch(p.rows, p.hidden / (wide ? kVec : 1), sms, p.force_vpt);
+  if (add) return wide ? launch_shaped<T, kVec, true>(p, l, stream) : launch_shaped<T, 1, true>(p, l, stream);
+  return wide ? launch_shaped<T, kVec, false>(p, l, stream) : launch_shaped<T, 1, false>(p, l, stream);
 }
 
 // Whether this file's code loaded for `device` (the current device) waits for the previous grid

@@ -245,6 +245,21 @@ def capture_graph(step):
     return graph, captured
 
 
+def written_late_on_a_side_stream(target: torch.Tensor, values: torch.Tensor, call):
+    """``call()`` on a user stream right after that stream writes ``values`` into ``target``
+    (zeroed first) behind a long sleep: a kernel launched on any other stream reads the zeros.
+    Returns what ``call`` returned, once the stream has finished."""
+    target.zero_()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+        target.copy_(values)
+        result = call()
+    side.synchronize()
+    return result
+
+
 @pytest.fixture
 def fresh_dynamo():
     """torch.compile tests start and end with no compiled graphs cached (a cached graph of another

@@ -25,6 +25,7 @@ from conftest import (
     shape_params,
     axis,
     sweep,
+    written_late_on_a_side_stream,
 )
 
 OPS = {
@@ -206,15 +207,8 @@ def test_cuda_graph_capture_and_replay(rng, dtype):
 @acts
 def test_runs_on_the_current_stream(rng, act):
     x0 = rng.randn(64, 8192, dtype=torch.bfloat16, device="cuda")
-    x = torch.zeros_like(x0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        x.copy_(x0)
-        got = OPS[act](x)
-    side.synchronize()
-    check(act, got, x0)
+    x = torch.empty_like(x0)
+    check(act, written_late_on_a_side_stream(x, x0, lambda: OPS[act](x)), x0)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,7 @@ import torch
 
 import opforge
 from opforge import _C, _ext
-from conftest import DEVICES
+from conftest import DEVICES, written_late_on_a_side_stream
 
 ROWS, H = 4, 8
 
@@ -673,13 +673,7 @@ def test_without_the_exchange_api_kernels_run_on_the_current_stream(export_spy):
     x0 = torch.randn(64, 4096, device="cuda", generator=gen).bfloat16()
     w = torch.randn(4096, device="cuda", generator=gen).bfloat16()
     want = opforge.rmsnorm(x0, w, backend="torch")
-    x = torch.zeros_like(x0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        x.copy_(x0)
-        got = opforge.rmsnorm(x, w)
-    side.synchronize()
+    x = torch.empty_like(x0)
+    got = written_late_on_a_side_stream(x, x0, lambda: opforge.rmsnorm(x, w))
     assert exported, "the capsule export was not used"
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -30,6 +30,7 @@ from conftest import (
     shape_params,
     axis,
     sweep,
+    written_late_on_a_side_stream,
 )
 
 #: name -> (op, gemma, fused add)
@@ -389,14 +390,8 @@ def test_runs_on_the_current_stream(rng, name):
     """The kernel is ordered after earlier work on a user stream: the input is written there
     after a long sleep, so a kernel launched on another stream would read stale values."""
     x0, r0, w = make_inputs(rng, name, (64, 4096), torch.bfloat16, "cuda")
-    x = torch.zeros_like(x0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        x.copy_(x0)
-        got_out, got_res = call(name, x, r0, w)
-    side.synchronize()
+    x = torch.empty_like(x0)
+    got_out, got_res = written_late_on_a_side_stream(x, x0, lambda: call(name, x, r0, w))
     check(name, got_out, got_res, x0, r0, w)
 
 

@@ -21,7 +21,7 @@ import opforge
 from opforge import _C
 from opforge.ops import nvfp4_format as fmt
 from opforge.ops.nvfp4 import nvfp4_gemv_torch
-from conftest import DEVICES, NATIVE_BACKENDS, axis, capture_graph, replay, sweep
+from conftest import DEVICES, NATIVE_BACKENDS, axis, capture_graph, replay, sweep, written_late_on_a_side_stream
 
 FP4 = torch.float4_e2m1fn_x2
 E4M3 = torch.float8_e4m3fn
@@ -647,16 +647,8 @@ def test_runs_on_the_current_stream(seed):
     """The kernel is ordered after earlier work on a user stream."""
     problem = random_problem(seeded(seed), 1024, 4096, 1, *regime_ranges("balanced", 4096))
     args = problem.args("cuda")
-    a = args[0]
-    a_bytes = a.view(torch.uint8).clone()
-    a.view(torch.uint8).zero_()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        a.view(torch.uint8).copy_(a_bytes)
-        got = opforge.nvfp4_gemv(*args)
-    side.synchronize()
+    a_bytes = args[0].view(torch.uint8)
+    got = written_late_on_a_side_stream(a_bytes, a_bytes.clone(), lambda: opforge.nvfp4_gemv(*args))
     assert_matches(got, problem.reference(), seed)
 
 

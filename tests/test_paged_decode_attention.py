@@ -25,7 +25,8 @@ import torch
 
 import opforge
 from opforge import _C
-from conftest import DEVICES, NATIVE_BACKENDS, TOLERANCES, assert_close, capture_graph, interpreter_only, replay
+from conftest import (DEVICES, NATIVE_BACKENDS, TOLERANCES, assert_close, capture_graph, interpreter_only, replay,
+                      written_late_on_a_side_stream)
 
 LN2 = math.log(2.0)
 devices = pytest.mark.parametrize("device", DEVICES)
@@ -895,16 +896,9 @@ def test_cuda_graph_capture_and_replay(seed):
 def test_runs_on_the_current_stream(seed):
     problem = Problem(torch.Generator().manual_seed(seed), [5000, 300], 32, 8, 128, 16, torch.bfloat16)
     q, k, v, indptr, indices = problem.args("cuda")
-    saved = k.clone()
-    k.zero_()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        k.copy_(saved)
-        got = opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=problem.kv_last_page_len.cuda(),
-                                             skip_check=True)
-    side.synchronize()
+    last = problem.kv_last_page_len.cuda()
+    got = written_late_on_a_side_stream(k, k.clone(), lambda: opforge.paged_decode_attention(
+        q, k, v, indptr, indices, kv_last_page_len=last, skip_check=True))
     check(got, problem, "cuda", seed)
 
 

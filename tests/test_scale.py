@@ -23,6 +23,7 @@ from conftest import (
     poisoned,
     poisoned_like,
     shape_params,
+    written_late_on_a_side_stream,
 )
 
 dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -219,15 +220,8 @@ def test_cuda_graph_capture_and_replay(rng):
 @pytest.mark.gpu
 def test_runs_on_the_current_stream(rng):
     x0 = rng.randn(256, 4096, device="cuda")
-    x = torch.zeros_like(x0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(100_000_000)
-        x.copy_(x0)
-        got = opforge.scale(x, 3.0)
-    side.synchronize()
-    assert_same_bits(got, torch_scale(x0, 3.0))
+    x = torch.empty_like(x0)
+    assert_same_bits(written_late_on_a_side_stream(x, x0, lambda: opforge.scale(x, 3.0)), torch_scale(x0, 3.0))
 
 
 @pytest.mark.gpu
