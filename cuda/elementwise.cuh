@@ -173,6 +173,17 @@ int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op,
   if constexpr (Op::kMathBound) {
     if (vectors >= int64_t(sms) * 2048 * 4) return launch_unrolled<T, VEC, 4>(out, in, s, op, stream, pdl);
   }
+  // Cheap math between one and four waves of one-vector threads: 2 or 4 vectors per thread so that
+  // one wave of blocks covers the problem instead of a second, partly filled one. H200, one launch,
+  // inputs rotated past L2, bf16 scale: 1024 x 4096 8.1 -> 7.65 us, 2048 x 4096 12.4 -> 11.7;
+  // 4096 x 4096 and larger are level or slower with more per thread (20.3 against 20.3-20.6,
+  // 16384 x 4096 66.6 against 68.7-69.1), and silu/gelu_and_mul (costly math) slower from 1024 x
+  // 4096 on (10.7 -> 11.0 / 11.4) (bench/results/2026-11-27_h200_657b251_map_unroll/).
+  if constexpr (!Op::kCostlyMath) {
+    const int64_t wave = int64_t(sms) * 2048;
+    if (vectors > wave && vectors <= 2 * wave) return launch_unrolled<T, VEC, 2>(out, in, s, op, stream, pdl);
+    if (vectors > 2 * wave && vectors <= 4 * wave) return launch_unrolled<T, VEC, 4>(out, in, s, op, stream, pdl);
+  }
   return launch_unrolled<T, VEC, 1>(out, in, s, op, stream, pdl);
 }
 

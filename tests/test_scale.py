@@ -244,6 +244,18 @@ def test_cpu_and_cuda_bit_identical(rng, dtype):
 
 
 @pytest.mark.gpu
+@dtypes
+@pytest.mark.parametrize("rows, cols, stride", [(700, 4104, 4104), (1000, 4096, 4096), (2000, 4096, 4096),
+                                                (2100, 4096, 4352), (600, 12288, 12288)])
+def test_one_wave_shapes_with_several_vectors_per_thread(rng, dtype, rows, cols, stride):
+    """Between one and four waves of one-vector threads a thread takes 2 or 4 vectors (whole and
+    partial rows, strided rows, both access widths) and must still write every element once."""
+    x = rng.randn(rows, stride, dtype=dtype, device="cuda", scale=100.0)[:, :cols]
+    out = poisoned_like(x)
+    assert_same_bits(opforge.scale(x, 0.37, out=out), torch_scale(x, 0.37))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("cols", [1, 3, 8, 64])
 def test_many_short_rows(rng, cols):
     """More rows than one grid dimension holds (65535 blocks)."""
