@@ -5,7 +5,7 @@
     python3 bench/norm_launch_sweep.py --rows 512,4096 --hidden 4096 --ops rmsnorm
     python3 bench/norm_launch_sweep.py --dry-run     # every code path on tiny CPU tensors, in seconds
 
-For each op (rmsnorm, fused_add_rmsnorm; bf16), hidden size and row count: device time (the
+For each op (rmsnorm, fused_add_rmsnorm; bf16 unless --dtype says otherwise), hidden size and row count: device time (the
 runner's timer: CUDA events, L2 flushed, inputs rotated past 2x L2; median) of opforge's shipped
 launch choice and of every forced one (_C.norm's vectors per thread: 1, 2, 4, 8, 0 = the
 streaming kernel; "--" where it does not fit), of Liger-Kernel when installed, and of
@@ -34,6 +34,7 @@ HIDDEN = (4096, 8192)
 ROWS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 VPTS = (-1, 1, 2, 4, 8, 0)  # -1: the shipped choice; 0: the streaming kernel
 EPS = 1e-6
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class _Ctx:
@@ -70,10 +71,12 @@ def _time(fn, sets, ctx) -> "float | str":
     return safe(timing.device_time_us, fn, sets, ctx.cuda, ctx.target_s)  # an error: its one-line text
 
 
-def measure(op: str, rows: int, hidden: int, ctx: _Ctx, liger: dict, copy_gbps: float) -> dict:
+def measure(op: str, rows: int, hidden: int, ctx: _Ctx, liger: dict, copy_gbps: float,
+            dtype: torch.dtype = torch.bfloat16) -> dict:
     spec = SPEC[op]
-    nbytes = spec.bytes(rows, hidden, 2)
-    sets = opspecs.make_input_sets(spec, rows, hidden, torch.bfloat16, ctx.device, n_sets_for(nbytes, ctx))
+    elem = torch.tensor([], dtype=dtype).element_size()
+    nbytes = spec.bytes(rows, hidden, elem)
+    sets = opspecs.make_input_sets(spec, rows, hidden, dtype, ctx.device, n_sets_for(nbytes, ctx))
     outs = [opspecs.make_outputs(spec, s) for s in sets]
     ref = opspecs.reference(spec, sets[0])
     row = {"op": op, "rows": rows, "hidden": hidden, "bytes": nbytes, "us": {}, "check": {}}
@@ -90,8 +93,8 @@ def measure(op: str, rows: int, hidden: int, ctx: _Ctx, liger: dict, copy_gbps: 
     if spec.liger in liger:
         row["us"]["liger"] = _time(liger[spec.liger][1], sets, ctx)
     # The same bytes through a plain copy: half of them read, half written.
-    elems = nbytes // 2 // 2
-    srcs = [torch.randn(elems, device=ctx.device).to(torch.bfloat16) for _ in range(len(sets))]
+    elems = nbytes // 2 // elem
+    srcs = [torch.randn(elems, device=ctx.device).to(dtype) for _ in range(len(sets))]
     dsts = [torch.empty_like(s) for s in srcs]
     row["us"]["copy"] = _time(_rotating(lambda d, s: d[0].copy_(s), [(d,) for d in dsts]), [(s,) for s in srcs], ctx)
     row["pct_copy"] = {k: 100 * nbytes / (v * 1e3) / copy_gbps for k, v in row["us"].items()
@@ -107,7 +110,7 @@ def render(results: dict) -> str:
     labels = [f"vpt{v}" for v in VPTS] + ["liger", "copy"]
     names = {"vpt-1": "shipped", "vpt0": "streaming"}
     lines = [f"# Norm launch shapes at each size — {m.get('gpu', 'CPU (dry run)')}\n",
-             f"torch {m['torch']}, commit {m['commit']}, {m['time_utc']}; bf16; copy ceiling "
+             f"torch {m['torch']}, commit {m['commit']}, {m['time_utc']}; {results.get('dtype', 'bf16')}; copy ceiling "
              f"{fmt(results['copy_gbps'], 0)} GB/s. µs (% of the ceiling); vptN: N vectors per thread forced; "
              "copy: dst.copy_(src) of the same bytes.\n",
              "| op | rows × hidden | MB | " + " | ".join(names.get(k, k) for k in labels) + " |",
@@ -132,6 +135,7 @@ def main(argv=None) -> int:
     p.add_argument("--ops", help=f"comma-separated subset of {','.join(OPS)}")
     p.add_argument("--rows", help="comma-separated row counts (default: %s)" % ",".join(map(str, ROWS)))
     p.add_argument("--hidden", help="comma-separated hidden sizes (default: %s)" % ",".join(map(str, HIDDEN)))
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type (default: bf16)")
     args = p.parse_args(argv)
     cuda = start(args, render)
     if cuda is None:
@@ -145,12 +149,12 @@ def main(argv=None) -> int:
     calibration = timing.copy_calibration(cuda)
     liger, liger_errors = opspecs.liger_peers() if cuda else ({}, {})
     results = {"meta": collect_meta(args, cuda), "copy_gbps": calibration["gbps"], "copy_calibration": calibration,
-               "liger_errors": liger_errors, "rows": []}
+               "liger_errors": liger_errors, "dtype": args.dtype, "rows": []}
     with torch.no_grad():
         for op in ops:
             for h in hidden:
                 for r in rows:
-                    results["rows"].append(measure(op, r, h, ctx, liger, calibration["gbps"]))
+                    results["rows"].append(measure(op, r, h, ctx, liger, calibration["gbps"], DTYPES[args.dtype]))
                     got = {k: fmt(v, 2) for k, v in results["rows"][-1]["us"].items()}
                     print(f"{op} {r}x{h}: {got}", flush=True)
     write_results(results, args.out, args.markdown, render=render)
