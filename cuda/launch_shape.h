@@ -104,15 +104,21 @@ inline RowLaunch choose_norm_launch(int64_t rows, int64_t nv, int sms, int force
 constexpr int64_t kNormNarrowHidden = 1024;
 constexpr int64_t kNormNarrowElems = int64_t(1) << 17;
 
-// The shape test alone (the launcher then checks alignment, then asks for the launch once).
-inline bool norm_narrow_candidate(int64_t rows, int64_t hidden, int elem_bytes, int force_vpt = -1) {
-  return force_vpt < 0 && elem_bytes == 2 && rows <= kNormDecodeRows && hidden <= kNormNarrowHidden &&
-         rows * hidden <= kNormNarrowElems;
+// Whether rows of this shape take 8-byte accesses, and then their launch (in 8-byte vectors) in
+// `*launch`: the launcher uses it as it is.
+inline bool norm_narrow_launch(int64_t rows, int64_t hidden, int elem_bytes, int sms, int force_vpt,
+                               RowLaunch* launch) {
+  if (force_vpt >= 0 || elem_bytes != 2 || rows > kNormDecodeRows || hidden > kNormNarrowHidden ||
+      rows * hidden > kNormNarrowElems) {
+    return false;
+  }
+  *launch = choose_norm_launch(rows, hidden / (8 / elem_bytes), sms);
+  return launch->vecs_per_thread == 2;  // not on GPUs of a few SMs
 }
 
 inline bool norm_narrow_access(int64_t rows, int64_t hidden, int elem_bytes, int sms, int force_vpt = -1) {
-  return norm_narrow_candidate(rows, hidden, elem_bytes, force_vpt) &&
-         choose_norm_launch(rows, hidden / (8 / elem_bytes), sms).vecs_per_thread == 2;  // not on GPUs of a few SMs
+  RowLaunch unused;
+  return norm_narrow_launch(rows, hidden, elem_bytes, sms, force_vpt, &unused);
 }
 
 }  // namespace opforge

@@ -232,12 +232,10 @@ int launch_typed(const NormParams& p, int device, cudaStream_t stream) {
   };
   if constexpr (sizeof(T) == 2) {
     constexpr int kNarrow = 8 / sizeof(T);
-    if (norm_narrow_candidate(p.rows, p.hidden, es, p.force_vpt) && aligned(kNarrow)) {
-      const RowLaunch l = choose_norm_launch(p.rows, p.hidden / kNarrow, sms);
-      if (l.vecs_per_thread == 2) {  // not on GPUs of a few SMs (norm_narrow_access)
-        return add ? launch_shaped<T, kNarrow, true, true>(p, l, stream)
-                   : launch_shaped<T, kNarrow, false, true>(p, l, stream);
-      }
+    RowLaunch l;
+    if (norm_narrow_launch(p.rows, p.hidden, es, sms, p.force_vpt, &l) && aligned(kNarrow)) {
+      return add ? launch_shaped<T, kNarrow, true, true>(p, l, stream)
+                 : launch_shaped<T, kNarrow, false, true>(p, l, stream);
     }
   }
   // 16-byte accesses where everything is aligned for them; otherwise the scalar kernel serves
