@@ -318,16 +318,21 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
                           p.v_stride_page == p.page_size * p.v_stride_slot &&
                           p.num_pages <= INT32_MAX / p.page_size;
   const uint32_t k_row = static_cast<uint32_t>(k_slot), v_row = static_cast<uint32_t>(v_slot);
+  // Where lane i < 16 fetched the page id of token t0 + i (pages shorter than a step): whether
+  // that token is to be copied, i.e. within the split and its id in range (an id out of range is
+  // noted in bad_page).
+  auto lane_token_copied = [&](int t0, int32_t id) -> bool {
+    const bool live = t0 + (lane & 15) < end;
+    const bool ok = !live || static_cast<uint32_t>(id) < rp.num_pages;
+    bad_page = bad_page || !ok;
+    return live && ok;
+  };
   auto issue = [&](int s, int32_t id) {
     if (s < steps) {
       const int t0 = begin + s * kPagedDecodeStep;
       const uint32_t stage = ring + (s % kStages) * kStageBytes;
       if (token_rows) {
-        const int mine = lane & 15;  // this lane fetched token t0 + mine's page id
-        const bool live = t0 + mine < end;
-        const bool ok = !live || static_cast<uint32_t>(id) < rp.num_pages;
-        bad_page = bad_page || !ok;
-        const int32_t row = live && ok ? id * page_size + rp.slot(t0 + mine) : -1;
+        const int32_t row = lane_token_copied(t0, id) ? id * page_size + rp.slot(t0 + (lane & 15)) : -1;
 #pragma unroll
         for (int i = 0; i < L::kTokensPerLane; ++i) {
           const int tok = tok0 + L::kRowsPerCopy * i;
@@ -347,10 +352,7 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
           copy_token(stage, tok, pg, slot + L::kRowsPerCopy * i, ok && t0 + tok < end ? 16 : 0);
         }
       } else {
-        const bool live = t0 + (lane & 15) < end;
-        const bool ok = !live || static_cast<uint32_t>(id) < rp.num_pages;
-        bad_page = bad_page || !ok;
-        const int32_t mine = live && ok ? id : -1;
+        const int32_t mine = lane_token_copied(t0, id) ? id : -1;
 #pragma unroll
         for (int i = 0; i < L::kTokensPerLane; ++i) {
           const int tok = tok0 + L::kRowsPerCopy * i;
