@@ -48,7 +48,9 @@ inline RowLaunch norm_streaming_launch(int64_t rows, int64_t nv) {
 //   alike (at hidden 4096 and 8192, 8 was 3-7% slower for RMSNorm and 6-13% for the fused add),
 //   unless that needs a group wider than 256 threads, where the wider reduction costs more than
 //   the loads save and 8 serve (re-measured at 84a4770 for rows of 1024 vectors, fp32 4096 and
-//   bf16 8192: 8 per thread now level to 1.6% faster, bench/results/2026-11-27_h200_84a4770_standing/);
+//   bf16 8192: 8 per thread now level to 1.6% faster, bench/results/2026-11-27_h200_84a4770_standing/;
+//   at 640 and 768, bf16 5120 and 6144, 8 is 5-13% slower for RMSNorm: kept as is,
+//   bench/results/2026-11-27_h200_9788b6c_norm_large_inductor/);
 // - smaller batches run best with groups of at most 256 threads holding as few vectors each as
 //   that allows (4 for hidden 8192, 8 for 16384), rows packed into 256-thread blocks;
 // - decode batches (up to kNormDecodeRows rows, where it was measured) rather with 2 vectors per
