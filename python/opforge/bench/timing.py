@@ -2,8 +2,11 @@
 
 CUDA (``time_cuda``), per timed call:
 
-1. L2 is made cold: a buffer twice the L2 size is written before the call (outside the timed
-   span), and the input sets rotate, so no call finds its data in L2 from the call before.
+1. L2 is made cold and clean: a buffer twice the L2 size is read before the call (outside the
+   timed span), and the input sets rotate, so no call finds its data in L2 from the call before.
+   Read, not written: a written buffer leaves L2 full of dirty lines, and the timed call paid
+   for their write-back as it evicted them (3-10 us per call past L2 on an H200, for every
+   implementation alike; bench/results/2026-11-27_h200_ae5658b_timer_clean_l2/).
 2. A spin kernel (``torch.cuda._sleep``) is queued ahead, long enough for the host to enqueue
    the whole call behind it; otherwise a slow host (Python, a Triton launch) leaves the GPU idle
    after the start event and the events measure launch overhead instead of the kernel.
@@ -219,7 +222,8 @@ def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, m
     """Time ``call(*args)`` over ``arg_sets`` on the current CUDA device (see the module doc).
     Returns the statistics in ms plus ``method``, ``host_ms``, ``graph_ms``, ``sync_excess_ms``."""
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = torch.empty(2 * l2_bytes(device), dtype=torch.uint8, device=device) if flush_l2 else None
+    # Read before each call, never written (see the module doc: a written one leaves L2 dirty).
+    flush = torch.zeros(2 * l2_bytes(device) // 8, dtype=torch.int64, device=device) if flush_l2 else None
     for i in range(max(warmup, 1)):
         call(*arg_sets[i % len(arg_sets)])
     torch.cuda.synchronize()
@@ -234,7 +238,7 @@ def time_cuda(call: Callable, arg_sets: list, *, warmup: int, iterations: int, m
 
     def timed(fn, args, events, lead_cycles: int) -> None:
         if flush is not None:
-            flush.zero_()
+            flush.amax()
         if lead_cycles:
             torch.cuda._sleep(lead_cycles)
         start, end, after = events
