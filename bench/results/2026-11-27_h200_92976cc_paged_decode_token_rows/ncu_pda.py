@@ -2,9 +2,12 @@
 import sys
 import torch
 import opforge
+sys.path.insert(0, "bench")
+from ncu_ranges import profile_each
 
 CASES = [(128, 2048, 1, (1, 4)), (128, 2048, 16, (1, 4)), (32, 2048, 1, (2, 4)), (32, 2048, 16, (1, 4))]
 g = torch.Generator(device="cuda").manual_seed(0)
+calls = []
 for batch, ctx, ps, (splits, tw) in CASES:
     pages_per = ctx // ps
     num_pages = batch * pages_per
@@ -16,13 +19,7 @@ for batch, ctx, ps, (splits, tw) in CASES:
     last = torch.full((batch,), ps, device="cuda", dtype=torch.int32) if ps > 1 else None
     out = torch.empty_like(q)
     lse = torch.empty(batch, 32, device="cuda", dtype=torch.float32)
-    call = lambda: opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=last, out=out, lse=lse,
-                                                  max_kv_len=ctx, skip_check=True)
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    print("CALL", batch, ctx, ps, flush=True)
-    torch.cuda.profiler.start()
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    calls.append((f"{batch} {ctx} {ps}", lambda q=q, k=k, v=v, indptr=indptr, indices=indices, last=last, out=out,
+                  lse=lse, ctx=ctx: opforge.paged_decode_attention(q, k, v, indptr, indices, kv_last_page_len=last,
+                                                                   out=out, lse=lse, max_kv_len=ctx, skip_check=True)))
+profile_each(calls)
