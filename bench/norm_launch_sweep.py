@@ -5,10 +5,10 @@
     python3 bench/norm_launch_sweep.py --rows 512,4096 --hidden 4096 --ops rmsnorm
     python3 bench/norm_launch_sweep.py --dry-run     # every code path on tiny CPU tensors, in seconds
 
-For each op (rmsnorm, fused_add_rmsnorm; bf16 unless --dtype says otherwise), hidden size and row count: device time (the
-runner's timer: CUDA events, L2 flushed, inputs rotated past 2x L2; median) of opforge's shipped
-launch choice and of every forced one (_C.norm's vectors per thread: 1, 2, 4, 8, 0 = the
-streaming kernel; "--" where it does not fit), of Liger-Kernel when installed, and of
+For each op (rmsnorm, fused_add_rmsnorm; bf16 unless --dtype says otherwise), hidden size and
+row count: device time (the runner's timer: CUDA events, L2 flushed, inputs rotated past 2x L2;
+median) of opforge's shipped launch choice and of every forced one (_C.norm's vectors per thread:
+1, 2, 4, 8, 0 = the streaming kernel; "--" where it does not fit), of Liger-Kernel when installed, and of
 ``dst.copy_(src)`` moving the same bytes (half read, half written): what this size allows a
 kernel that only streams, ramp-up and tail included. % of the copy ceiling (calibrated once, on
 large copies) for each. Where the shipped choice loses to a forced one or to the peer, the launch
@@ -74,7 +74,7 @@ def _time(fn, sets, ctx) -> "float | str":
 def measure(op: str, rows: int, hidden: int, ctx: _Ctx, liger: dict, copy_gbps: float,
             dtype: torch.dtype = torch.bfloat16) -> dict:
     spec = SPEC[op]
-    elem = torch.tensor([], dtype=dtype).element_size()
+    elem = dtype.itemsize
     nbytes = spec.bytes(rows, hidden, elem)
     sets = opspecs.make_input_sets(spec, rows, hidden, dtype, ctx.device, n_sets_for(nbytes, ctx))
     outs = [opspecs.make_outputs(spec, s) for s in sets]
