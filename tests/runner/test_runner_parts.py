@@ -144,6 +144,27 @@ def test_the_benchmark_scripts_time_with_the_runners_timer(monkeypatch):
     assert scripts.host_loop_us(lambda: None, (), False) == 4.0 == scripts.cpu_call_overhead_us(lambda: None)
 
 
+def test_the_calibration_copies_what_the_environment_asks(monkeypatch):
+    from opforge.bench import timing
+    from opforge.bench.device import SetupError, resolve_devices
+
+    monkeypatch.delenv(timing.CALIBRATION_BYTES_ENV, raising=False)
+    default = timing.calibrate_copy(torch.device("cpu"))
+    assert default["bytes"] == timing.CPU_CALIBRATION_BYTES == 256 << 20 and default["gbps"] > 0
+    # Whole pages, rounded down; an explicit size still wins over the environment.
+    monkeypatch.setenv(timing.CALIBRATION_BYTES_ENV, str(3 << 20 | 100))
+    assert timing.calibrate_copy(torch.device("cpu"))["bytes"] == 3 << 20
+    assert timing.calibrate_copy(torch.device("cpu"), 1 << 20)["bytes"] == 1 << 20
+    for bad in ("lots", "1.5e6", "-4096", "0", "4095"):
+        monkeypatch.setenv(timing.CALIBRATION_BYTES_ENV, bad)
+        with pytest.raises(ValueError, match=f"OPFORGE_CALIBRATION_BYTES='{bad}': give a whole number of bytes, "
+                                             "at least 4096"):
+            timing.calibrate_copy(torch.device("cpu"))
+        # A run says so before it starts a worker.
+        with pytest.raises(SetupError, match="OPFORGE_CALIBRATION_BYTES"):
+            resolve_devices(["cpu"])
+
+
 def _performance(latency_ms, reference_ms=2.0, baseline_ms=None):
     norm = TEMPLATES["rmsnorm"].definition(dtype="bfloat16", hidden_size=4096)
     axes = {"batch_size": 256, "hidden_size": 4096}

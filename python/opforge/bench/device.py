@@ -21,6 +21,7 @@ import torch
 from ..trace import Environment
 from .process import WorkerFailure, WorkerProcess
 from .supervisor import pid_alive
+from .timing import calibration_bytes
 
 #: Seconds a calibration may take (a 2 GiB copy, ten times, and the clocks).
 HELLO_TIMEOUT_S = 300.0
@@ -34,7 +35,12 @@ class SetupError(ValueError):
 
 def resolve_devices(asked: Optional[list[str]]) -> list[str]:
     """The devices to run on: as asked (``cuda`` = every visible GPU) or every GPU, else the CPU.
-    SetupError for a device that is not here."""
+    SetupError for a device that is not here, or for a calibration size that is no size (the
+    workers would each fail on it)."""
+    try:
+        calibration_bytes()
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
     if not asked:
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else ["cpu"]
     found: list[str] = []

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import statistics
 import time
 from typing import Callable, Optional
@@ -327,9 +328,37 @@ def time_cpu(call: Callable, arg_sets: list, *, warmup: int, iterations: int, ma
     return result
 
 
+#: Overrides the bytes of the copy a calibration times (both buffers: source and destination
+#: each this size), on every device: for a CPU whose last-level cache holds the default, or for a
+#: quick run (a copy that fits a cache measures the cache, not memory).
+CALIBRATION_BYTES_ENV = "OPFORGE_CALIBRATION_BYTES"
+#: The smallest copy a calibration may time (one page).
+MIN_CALIBRATION_BYTES = 4096
+#: The default copy on a CPU: past the last-level cache of most server CPUs.
+CPU_CALIBRATION_BYTES = 256 << 20
+
+
+def calibration_bytes() -> Optional[int]:
+    """The copy size OPFORGE_CALIBRATION_BYTES asks for (whole pages), None where it is unset."""
+    raw = os.environ.get(CALIBRATION_BYTES_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        nbytes = int(raw)
+    except ValueError:
+        nbytes = 0
+    if nbytes < MIN_CALIBRATION_BYTES:
+        raise ValueError(f"{CALIBRATION_BYTES_ENV}={raw!r}: give a whole number of bytes, at least "
+                         f"{MIN_CALIBRATION_BYTES} (unset: 2 GiB on a GPU, {CPU_CALIBRATION_BYTES >> 20} MiB on a CPU)")
+    return nbytes // MIN_CALIBRATION_BYTES * MIN_CALIBRATION_BYTES
+
+
 def calibrate_copy(device: torch.device, nbytes: Optional[int] = None) -> dict:
-    """Copy bandwidth of ``device`` (GB/s counting read + write) and how it was measured."""
+    """Copy bandwidth of ``device`` (GB/s counting read + write) and how it was measured: a copy
+    of ``nbytes`` (default: OPFORGE_CALIBRATION_BYTES, else 2 GiB on a GPU, at most a quarter of
+    its free memory, and 256 MiB on a CPU)."""
     device = torch.device(device)
+    nbytes = nbytes or calibration_bytes()
     if device.type == "cuda":
         with torch.cuda.device(device):
             free, _ = torch.cuda.mem_get_info()
@@ -349,7 +378,7 @@ def calibrate_copy(device: torch.device, nbytes: Optional[int] = None) -> dict:
             del src, dst
             torch.cuda.empty_cache()
     else:
-        nbytes = nbytes or 256 << 20
+        nbytes = nbytes or CPU_CALIBRATION_BYTES
         src = torch.ones(nbytes, dtype=torch.uint8)
         dst = torch.empty_like(src)
         dst.copy_(src)
