@@ -150,20 +150,35 @@ int launch_unrolled(T* out, const T* in, const RowwiseShape& s, const Op& op, cu
 // SMs rather than as 8-element chains on a few, which is what bounds a launch this small (1 x
 // 14336 silu_and_mul on an H200: 1792 threads of 8 elements on 7 SMs took 1.65 us per call in a
 // CUDA graph, 7168 threads of 2 1.28 us; 8 x 14336 gelu_and_mul 1.69 -> 1.41). A plain scale does
-// not gain.
+// not gain. Past decode sizes too, the narrowest access (4 bytes, else 8) whose threads stay
+// within kCostlyDecodeThreadsPerSm per SM: narrower accesses win while the SMs keep room
+// (H200, CUDA-graph replay, 4 bytes against 16, us: silu_and_mul 32 x 11008, 1334 threads per SM,
+// 1.63 -> 1.53; 64 x 11008 at 8 bytes, 1334 per SM, 1.91 -> 1.80, gelu_and_mul 2.45 -> 2.30) and
+// lose where they fill them (4 bytes at 1737 per SM, 32 x 14336: 1.68 -> 1.74; at 2001, 48 x
+// 11008: 1.77 -> 1.94; bench/results/2026-11-27_h200_5c7cd4a_act_decode_access/).
+constexpr int64_t kCostlyDecodeThreadsPerSm = 1536;
+
 template <typename T, int VEC, typename Op>
 int launch_rowwise_map(T* out, const T* in, const RowwiseShape& s, const Op& op, int device, cudaStream_t stream,
                        bool pdl = false) {
   if (s.rows == 0 || s.cols == 0) return 0;
   const int sms = sm_count(device);
   const int64_t vectors = s.rows * ((s.cols + VEC - 1) / VEC);
-  if (vectors < int64_t(sms) * 256 && s.rows <= 65535) {  // decode sizes; y of a grid is at most 65535
-    constexpr int kNarrow = VEC * int(sizeof(T)) >= 16 && sizeof(T) <= 4 ? 4 / int(sizeof(T)) : VEC;
-    if constexpr (Op::kCostlyMath && kNarrow < VEC) {
-      return launch_decode<T, kNarrow>(out, in, s, op, stream, pdl);
-    } else {
-      return launch_decode<T, VEC>(out, in, s, op, stream, pdl);
+  if constexpr (Op::kCostlyMath) {
+    constexpr int kNarrow = VEC * int(sizeof(T)) >= 16 && sizeof(T) <= 4 ? 4 / int(sizeof(T)) : VEC;  // 4 bytes
+    constexpr int kHalf = VEC * int(sizeof(T)) >= 16 ? VEC / 2 : VEC;                                    // 8 bytes
+    const int64_t room = int64_t(sms) * kCostlyDecodeThreadsPerSm;
+    if (s.rows <= 65535) {  // y of a grid is at most 65535
+      if constexpr (kNarrow < VEC) {
+        if (vectors * (VEC / kNarrow) <= room) return launch_decode<T, kNarrow>(out, in, s, op, stream, pdl);
+      }
+      if constexpr (kHalf < VEC && kHalf > kNarrow) {
+        if (vectors * (VEC / kHalf) <= room) return launch_decode<T, kHalf>(out, in, s, op, stream, pdl);
+      }
     }
+  }
+  if (vectors < int64_t(sms) * 256 && s.rows <= 65535) {  // decode sizes
+    return launch_decode<T, VEC>(out, in, s, op, stream, pdl);
   }
   // 4 vectors per thread for math that needs the overlap (Op::kMathBound), once that still gives
   // every resident thread (2048 per SM) work. On an H200 at 16384 x 14336, gelu_and_mul (erf) took
