@@ -334,7 +334,9 @@ def time_cpu(call: Callable, arg_sets: list, *, warmup: int, iterations: int, ma
 CALIBRATION_BYTES_ENV = "OPFORGE_CALIBRATION_BYTES"
 #: The smallest copy a calibration may time (one page).
 MIN_CALIBRATION_BYTES = 4096
-#: The default copy on a CPU: past the last-level cache of most server CPUs.
+#: The default copy on a GPU (at most a quarter of its free memory) and on a CPU: past any GPU's
+#: L2 and the last-level cache of most server CPUs.
+GPU_CALIBRATION_BYTES = 2 << 30
 CPU_CALIBRATION_BYTES = 256 << 20
 
 
@@ -349,7 +351,8 @@ def calibration_bytes() -> Optional[int]:
         nbytes = 0
     if nbytes < MIN_CALIBRATION_BYTES:
         raise ValueError(f"{CALIBRATION_BYTES_ENV}={raw!r}: give a whole number of bytes, at least "
-                         f"{MIN_CALIBRATION_BYTES} (unset: 2 GiB on a GPU, {CPU_CALIBRATION_BYTES >> 20} MiB on a CPU)")
+                         f"{MIN_CALIBRATION_BYTES} (unset: {GPU_CALIBRATION_BYTES >> 30} GiB on a GPU, "
+                         f"{CPU_CALIBRATION_BYTES >> 20} MiB on a CPU)")
     return nbytes // MIN_CALIBRATION_BYTES * MIN_CALIBRATION_BYTES
 
 
@@ -362,7 +365,7 @@ def calibrate_copy(device: torch.device, nbytes: Optional[int] = None) -> dict:
     if device.type == "cuda":
         with torch.cuda.device(device):
             free, _ = torch.cuda.mem_get_info()
-            nbytes = nbytes or int(min(2 << 30, free // 4)) // 4096 * 4096
+            nbytes = nbytes or min(GPU_CALIBRATION_BYTES, free // 4) // MIN_CALIBRATION_BYTES * MIN_CALIBRATION_BYTES
             src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
             dst = torch.empty_like(src)
             for _ in range(3):
