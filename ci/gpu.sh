@@ -9,6 +9,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# The GPU machine's Python is set not to write bytecode (PYTHONDONTWRITEBYTECODE=1), so every
+# process compiled torch's sources again: importing torch and Inductor took 11.7-15.4 s there,
+# 4.4-5.2 s once their bytecode was cached, and the suite starts hundreds of processes (test
+# workers, the runner's device workers, command-line runs). Cache it outside the installation.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/opforge-pycache}
 # Builds record OPFORGE_COMMIT when it is set: set it to the commit under test (the copy of the
 # tree on a GPU machine may carry stale git metadata).
 PY=${PYTHON:-python3}

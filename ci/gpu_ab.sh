@@ -19,6 +19,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export OUT
 PY=${PYTHON:-python3}
+unset PYTHONDONTWRITEBYTECODE  # cache bytecode, as ci/gpu.sh does (7-10 s per process that imports torch)
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/opforge-pycache}
 ROOT=$(pwd)
 WORK=${WORK:-/tmp/opforge-ab}
 rm -rf "$WORK" && mkdir -p "$WORK"
