@@ -2,7 +2,7 @@
 """Paged GQA decode attention against its ceiling and its peers, in one run on one GPU.
 
     python3 bench/paged_decode_attention.py --out results.json --markdown bench/results/DATE_GPU_COMMIT_paged_decode.md
-    python3 bench/paged_decode_attention.py --splits 1,2,4,8,16,32     # also time forced split counts (plan tuning)
+    python3 bench/paged_decode_attention.py --splits 1,2,4,8,16,32,r   # also time forced cuts (plan tuning; r: page ranges)
     python3 bench/paged_decode_attention.py --cases 32x2048,128x512,32xtail --impls opforge,sdpa   # a quick subset
     python3 bench/paged_decode_attention.py --batches 2,4,64 --contexts 2048,32768 --impls opforge,sdpa  # another grid
     python3 bench/paged_decode_attention.py --dry-run     # every code path on tiny CPU tensors, numbers meaningless
@@ -370,16 +370,23 @@ def table(rows: list) -> str:
 
 
 def plan_name(splits: int, token_warps: int = 1) -> str:
-    """A plan's cut as the tables name it: splits, and "wT" for T token warps per CTA."""
+    """A plan's cut as the tables name it: splits, and "wT" for T token warps per CTA; page ranges
+    (splits 0) as "rN" for N per KV head, "r" for a wave's."""
+    if splits == 0:
+        return "r" if token_warps == -1 else f"r{token_warps}"
     return f"{splits}" if token_warps == 1 else f"{splits}w{token_warps}"
 
 
 def row_plan(row: dict) -> str:
     """The plan a case ran with (results saved before token warps have none: 1)."""
+    if row["plan"].get("ranges"):
+        return plan_name(0, row["plan"]["ranges"])
     return plan_name(row["plan"]["splits"], row["plan"].get("token_warps", 1))
 
 
 def parse_plan_name(name: str) -> tuple[int, int]:
+    if name.startswith("r"):
+        return 0, int(name[1:] or -1)
     splits, _, warps = name.partition("w")
     return int(splits), int(warps or 1)
 
@@ -388,7 +395,8 @@ def splits_table(rows: list) -> str:
     forced = sorted({s for r in rows for s in r.get("forced_splits", {})}, key=parse_plan_name)
     if not forced:
         return ""
-    out = ["Columns: forced splits, \"wT\": T warps of a CTA sharing its slice.\n",
+    out = ["Columns: forced splits, \"wT\": T warps of a CTA sharing its slice; \"rN\": N page ranges per KV "
+           "head (\"r\": a wave's).\n",
            "| batch × context | plan | " + " | ".join(f"{s} µs" for s in forced) + " | best |",
            "|" + "---|" * (len(forced) + 3)]
     for r in rows:
@@ -449,7 +457,8 @@ def parse_args(argv=None):
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's; SwT: S "
-                                    "splits with T warps of a CTA sharing each slice (2w4)")
+                                    "splits with T warps of a CTA sharing each slice (2w4); rN: N page ranges "
+                                    "per KV head (r: a wave's)")
     p.add_argument("--max-kv-len", action="store_true",
                    help="pass each case's longest request to opforge as max_kv_len (the plan's hint)")
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA where its gathered KV exceeds this")

@@ -228,13 +228,24 @@ PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, in
   if (splits == -1 && token_warps == -1) {
     return cuda::choose_paged_decode_plan(batch, hq, hkv, head_dim, tokens, page_size, sms, max_tokens);
   }
+  if (splits == 0) {  // page ranges: token_warps of them per KV head and head chunk (-1: a wave's)
+    const int ranges = token_warps == -1 ? cuda::paged_decode_wave_ranges(hq, hkv, sms) : token_warps;
+    const PagedDecodePlan plan = cuda::paged_decode_ranges_plan(batch, hq, hkv, head_dim, ranges);
+    if (plan.head_chunks == 0) {
+      throw_value_error(kPrefix + "splits=0 (page ranges) with " + str(ranges) + " ranges is not valid; accepted: 1 "
+                        "to " + str(cuda::kPagedDecodeMaxRanges) + ", head_dim <= 128, batch <= " +
+                        str(cuda::kPagedDecodeRangesMaxBatch));
+    }
+    return plan;
+  }
   const PagedDecodePlan plan =
       splits == -1 ? PagedDecodePlan{} : cuda::paged_decode_plan(batch, hq, hkv, head_dim, splits, token_warps == -1 ? 1 : token_warps);
   if (plan.head_chunks == 0) {
     throw_value_error(kPrefix + "splits=" + str(splits) + ", token_warps=" + str(token_warps) +
                       " is not valid; accepted: splits 1.." + str(cuda::kPagedDecodeMaxSplits) +
                       " with token_warps 1, 2 or " + str(cuda::kPagedDecodeMaxTokenWarps) +
-                      " (2 and up at head_dim <= 128; -1: 1), or both -1: the plan's choice");
+                      " (2 and up at head_dim <= 128; -1: 1), splits 0 for page ranges (token_warps: how many"
+                      " per KV head, -1: a wave's), or both -1: the plan's choice");
   }
   return plan;
 }
@@ -402,6 +413,7 @@ nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int
   d["head_chunks"] = plan.head_chunks;
   d["splits"] = plan.splits;
   d["token_warps"] = plan.token_warps;
+  d["ranges"] = plan.ranges;
   d["ctas"] = plan.ctas;
   d["warps_per_cta"] = cuda::paged_decode_warps(head_dim) * plan.token_warps;
   d["workspace"] = cuda::paged_decode_workspace_elems(plan, batch, hq, head_dim);
@@ -418,7 +430,8 @@ void bind_paged_decode_attention(nb::module_& m) {
         "GQA decode over a paged KV cache into out and lse; see opforge.ops.paged_decode_attention. Returns 0, or the\n"
         "float32 workspace elements a CUDA plan with splits needs (call again with it; nothing was written).\n"
         "splits (with token_warps, the warps of a CTA that share its slice) force the CUDA plan (for tuning and\n"
-        "tests); -1: the heuristic. max_tokens: the longest request's tokens if the caller knows it (a hint for the\n"
+        "tests); splits 0: page ranges, token_warps of them per KV head (-1: a wave's); -1: the heuristic.\n"
+        "max_tokens: the longest request's tokens if the caller knows it (a hint for the\n"
         "heuristic; 0: not known).");
   m.def("paged_decode_attention_plan", &plan_dict, nb::arg("batch"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),
         nb::arg("head_dim"), nb::arg("tokens"), nb::arg("page_size"), nb::arg("sms"), nb::arg("splits") = -1,

@@ -45,6 +45,9 @@
 // warp combines their states through shared memory at the end), and beyond that the slices are
 // split across CTAs, whose normalised partial outputs and lse a second kernel merges. Both
 // combine in a fixed order, so results do not depend on scheduling.
+// A caller that says its batch is skewed gets page ranges instead (PagedDecodePlan::ranges): equal
+// runs of the batch's pages, one CTA each, the parts of a request cut into runs for its warps as a
+// task's slice is, and the requests that cross a run's edge merged by a second kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -189,95 +192,29 @@ __device__ __forceinline__ void copy_wait() {
 #endif
 }
 
-// One task per CTA: the query heads head0 .. head0 + rows - 1 (one KV head's, at most 16) of
-// request b over the tokens of one split, the heads as the N dimension of the tiles
-// (kHeadTiles tiles of 8: 1 when a KV head has at most 8 query heads, else 2). Head dims above 128 are shared out over warps, 128
-// each (the accumulators of 256 dims would not fit one warp's registers), each with its own ring;
-// each warp computes its part of S, and the parts are added through shared memory in warp order,
-// so every warp holds the same S. kTokenWarps > 1 (head dims up to 128): that many warps take
-// equal runs of whole steps of the split, each with its own ring, and warp 0 combines their
-// states in warp order at the end. See the file comment for the layouts.
-template <typename T, int D, int kStages, int kHeadTiles, int kTokenWarps>
-__global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / (kTokenWarps * kWarpsOf<D>))
-    paged_decode_ring_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// Streams tokens [begin, end) of one request (its pages `rp`) through this warp's ring for the
+// query heads whose Q^T fragments are `qb`, into O^T, the running max and this lane's share of the
+// running sum (layouts in paged_decode_ring_kernel), noting an out-of-range page id in bad_page.
+// kWarpsOf<D> > 1: the warps of a CTA that share the head dims call it together (a barrier per
+// step adds their parts of S).
+template <typename T, int D, int kStages, int kHeadTiles>
+__device__ __forceinline__ void stream_part(const PagedDecodeParams& p, const RequestPages& rp, const int64_t kv_head,
+                                            const int begin, const int end, const uint32_t ring,
+                                            const uint32_t (&qb)[D / kWarpsOf<D> / 16][kHeadTiles][2],
+                                            float (&o)[D / kWarpsOf<D> / 16][kHeadTiles][4], float (&m)[kHeadTiles][2],
+                                            float (&l)[kHeadTiles][2], bool& bad_page) {
   using L = RingLayout<T, D>;
   constexpr int kWarps = kWarpsOf<D>;
-  static_assert(kTokenWarps == 1 || kWarps == 1, "token warps never wait on each other: no shared S parts");
   constexpr int kDims = L::kDims;
-  constexpr int kKSteps = kDims / 16;    // k-steps of S^T = K Q^T
-  constexpr int kDimTiles = kDims / 16;  // 16-dim tiles of O^T
+  constexpr int kKSteps = kDims / 16;
+  constexpr int kDimTiles = kDims / 16;
   constexpr int kStageBytes = L::kStageBytes;
-  static_assert(kHeadTiles == 1 || kHeadTiles * 8 == kPagedDecodeRows, "two tiles hold a whole chunk of heads");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int dim_warp = warp % kWarps, token_warp = warp / kWarps;
-  const int g = lane >> 2, c = lane & 3;
+  const int dim_warp = warp % kWarps;
+  const int g = lane >> 2;
   const int dim0 = dim_warp * kDims;
-
-  // Task and head indices in 32 bits (the host keeps batch x num_qo_heads below 2^31): 64-bit
-  // divisions are a runtime call, ahead of the first load.
-  uint32_t task = blockIdx.x;
-  const int split = static_cast<int>(task % splits);
-  task /= splits;
-  const int chunk = static_cast<int>(task % head_chunks);
-  task /= head_chunks;
-  const uint32_t kv_heads = static_cast<uint32_t>(p.num_kv_heads);
-  const int64_t kv_head = task % kv_heads;
-  const int64_t b = task / kv_heads;
-  const int64_t group = static_cast<uint32_t>(p.num_qo_heads) / kv_heads;
-  const int64_t head0 = kv_head * group + int64_t(chunk) * kPagedDecodeRows;
-  const int rows = static_cast<int>(min64(kPagedDecodeRows, group - int64_t(chunk) * kPagedDecodeRows));
-
-  extern __shared__ __align__(128) unsigned char ring_all[];
-  const uint32_t ring = smem_addr(ring_all + warp * kStages * kStageBytes);
-
-  // The request's layout (uniform across the warp). Invalid layouts give NaN, never a read
-  // outside kv_indices or the caches. Its three loads and Q's go out together, ahead of any use:
-  // the last page's length read only for a request with pages (a branch on kv_indptr) cost a
-  // second memory round trip before the page ids could be fetched, and Q's loads waited behind
-  // both.
-  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
-  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-
-  // Q^T as B fragments, one per k-step and 8-head tile: head 8 nt + g (zero past the chunk's
-  // heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
-  uint32_t qb[kKSteps][kHeadTiles][2];
-  {
-    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
-#pragma unroll
-    for (int j = 0; j < kKSteps; ++j) {
-#pragma unroll
-      for (int nt = 0; nt < kHeadTiles; ++nt) {
-        const bool in = 8 * nt + g < rows;
-        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
-        qb[j][nt][0] = in ? __ldg(row) : 0u;
-        qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
-      }
-    }
-  }
-
-  bool bad = first < 0 || last < first || last > p.num_indices;
-  int n = 0;
-  if (!bad && last > first) {
-    bad = tail < 1 || tail > p.page_size;
-    if (!bad) n = static_cast<int>((last - first - 1) * p.page_size + tail);
-  }
-  // This split's tokens: equal slices of whole steps; this warp's, equal runs of whole steps of
-  // the slice.
-  const int64_t slice = (int64_t(n) + splits - 1) / splits;
-  const int64_t per_split = (slice + kPagedDecodeStep - 1) / kPagedDecodeStep * kPagedDecodeStep;
-  const int split_begin = static_cast<int>(min64(n, split * per_split));
-  const int split_end = static_cast<int>(min64(n, split_begin + per_split));
-  const int run = (split_end - split_begin + kTokenWarps * kPagedDecodeStep - 1) / (kTokenWarps * kPagedDecodeStep) *
-                  kPagedDecodeStep;
-  const int begin = min(split_end, split_begin + token_warp * run);
-  const int end = min(split_end, begin + run);
-  const int steps = (end - begin + kPagedDecodeStep - 1) / kPagedDecodeStep;
-
   const int page_size = static_cast<int>(p.page_size);
-  const RequestPages rp{p.kv_indices + (bad ? 0 : first), page_size,
-                        (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1,
-                        static_cast<uint32_t>(p.num_pages)};
+  const int steps = (end - begin + kPagedDecodeStep - 1) / kPagedDecodeStep;
   // Copies: lane L moves 16-byte column L % kLanesPerRow of the K and V rows of tokens
   // L / kLanesPerRow + kRowsPerCopy i of a step. Page ids are fetched a step before their copies
   // are issued and checked only there, so the warp never waits on the fetch. When pages hold a
@@ -294,7 +231,6 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   const int64_t v_page = p.v_stride_page * int64_t(sizeof(T)), v_slot = p.v_stride_slot * int64_t(sizeof(T));
   const bool whole_pages = page_size % kPagedDecodeStep == 0;
   const int fetch_tok = whole_pages ? 0 : lane & 15;
-  bool bad_page = false;
   auto fetch = [&](int s) -> int32_t {
     const int t = begin + s * kPagedDecodeStep + fetch_tok;
     return s < steps && t < end ? __ldg(rp.pages + rp.index(t)) : -1;
@@ -378,7 +314,6 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   const float kNegInf = OPFORGE_NEG_INF;
   // O^T tiles: o[i][nt] holds dims 16 i + g (elements 0, 1) and 16 i + g + 8 (2, 3) of heads
   // 8 nt + 2c (elements 0, 2) and 8 nt + 2c + 1 (1, 3).
-  float o[kDimTiles][kHeadTiles][4];
 #pragma unroll
   for (int i = 0; i < kDimTiles; ++i) {
 #pragma unroll
@@ -386,7 +321,6 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   }
   // Per head 8 nt + 2c + h: the running max (base-2 logits; the same in every lane of the head)
   // and this lane's share of the running sum (its tokens g and g + 8 of each step).
-  float m[kHeadTiles][2], l[kHeadTiles][2];
 #pragma unroll
   for (int nt = 0; nt < kHeadTiles; ++nt) m[nt][0] = m[nt][1] = kNegInf, l[nt][0] = l[nt][1] = 0.f;
   // Parts of S^T from every warp (kWarps > 1), double-buffered by step parity: a warp writes the
@@ -493,11 +427,65 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
       }
     }
   }
+}
 
-  if constexpr (kTokenWarps > 1) {
-    // Each warp parks its state (o, m, l per head, its bad-page flag) in its own ring, drained by
-    // now, as [value][lane]; warp 0 folds the others into its own in warp order (fixed: results
-    // do not depend on scheduling) and writes the task's output alone.
+// A warp's state for the query heads of its chunk as results: each head's sum over its 8 lanes,
+// then for row (head of the chunk) < rows its normalised output, this lane's dims 16 i + g and
+// 16 i + g + 8, at out + row * out_row (type Out: the op's dtype, or fp32 partials) and, from
+// the lane with g = 0 when `writes_lse`, its lse at lse + row * lse_row. bad: NaN everywhere; a
+// head without tokens (l == 0) gets zeros and lse -inf; a NaN l stays NaN.
+template <typename Out, int kDimTiles, int kHeadTiles>
+__device__ __forceinline__ void store_rows(const float (&o)[kDimTiles][kHeadTiles][4], const float (&m)[kHeadTiles][2],
+                                           float (&l)[kHeadTiles][2], bool bad, int rows, bool writes_lse, Out* out,
+                                           int64_t out_row, float* lse, int64_t lse_row) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const float nan = __int_as_float(0x7fffffff);
+#pragma unroll
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 4);
+      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 8);
+      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 16);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < kHeadTiles; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 8 * nt + 2 * c + h;
+      if (row >= rows) continue;
+      const float inv = bad ? nan : l[nt][h] == 0.f ? 0.f : 1.f / l[nt][h];
+      Out* dst = out + row * out_row + g;
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        dst[16 * i] = from_float<Out>(o[i][nt][h] * inv);
+        dst[16 * i + 8] = from_float<Out>(o[i][nt][2 + h] * inv);
+      }
+      if (g == 0 && writes_lse) {
+        lse[row * lse_row] = bad ? nan : l[nt][h] == 0.f ? OPFORGE_NEG_INF : m[nt][h] + log2f(l[nt][h]);
+      }
+    }
+  }
+}
+
+// kTokenWarps > 1: the CTA's warps, each with its state for its run of the same task, fold
+// them into warp 0's (true there, false elsewhere): each warp parks its state (o, m, l per head,
+// its bad-page flag) in its own ring, drained by now, as [value][lane]; warp 0 folds the others
+// into its own in warp order (fixed: results do not depend on scheduling). The rings are busy
+// until warp 0 is done with them: a caller that streams again first waits at a barrier.
+template <typename T, int D, int kStages, int kHeadTiles, int kTokenWarps>
+__device__ __forceinline__ bool fold_token_warps(unsigned char* ring_all,
+                                                 float (&o)[D / kWarpsOf<D> / 16][kHeadTiles][4],
+                                                 float (&m)[kHeadTiles][2], float (&l)[kHeadTiles][2],
+                                                 bool& bad_page) {
+  if constexpr (kTokenWarps == 1) {
+    return true;
+  } else {
+    constexpr int kDimTiles = D / kWarpsOf<D> / 16;
+    constexpr int kStageBytes = RingLayout<T, D>::kStageBytes;
+    const float kNegInf = OPFORGE_NEG_INF;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     copy_wait<0>();
     constexpr int kValues = kDimTiles * kHeadTiles * 4 + kHeadTiles * 4 + 1;
     static_assert(kValues * 32 * int(sizeof(float)) <= kStages * kStageBytes, "a warp's state fits its ring");
@@ -526,7 +514,7 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
       mine[32 * v] = bad_page ? 1.f : 0.f;
     }
     __syncthreads();
-    if (warp != 0) return;
+    if (warp != 0) return false;
 #pragma unroll 1
     for (int w = 1; w < kTokenWarps; ++w) {
       const float* theirs = state_of(w);
@@ -549,58 +537,225 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
       each_o([&](float& x, int v, int nt, int h) { x = x * keep[nt][h] + theirs[32 * v] * take[nt][h]; });
       bad_page = bad_page || theirs[32 * (kFirstHeadValue + 4 * kHeadTiles)] != 0.f;
     }
+    return true;
+  }
+}
+
+// One task per CTA: the query heads head0 .. head0 + rows - 1 (one KV head's, at most 16) of
+// request b over the tokens of one split, the heads as the N dimension of the tiles
+// (kHeadTiles tiles of 8: 1 when a KV head has at most 8 query heads, else 2). Head dims above 128 are shared out over warps, 128
+// each (the accumulators of 256 dims would not fit one warp's registers), each with its own ring;
+// each warp computes its part of S, and the parts are added through shared memory in warp order,
+// so every warp holds the same S. kTokenWarps > 1 (head dims up to 128): that many warps take
+// equal runs of whole steps of the split, each with its own ring, and warp 0 combines their
+// states in warp order at the end. See the file comment for the layouts.
+template <typename T, int D, int kStages, int kHeadTiles, int kTokenWarps>
+__global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWarpsPerSm / (kTokenWarps * kWarpsOf<D>))
+    paged_decode_ring_kernel(const PagedDecodeParams p, const int head_chunks, const int splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = RingLayout<T, D>;
+  constexpr int kWarps = kWarpsOf<D>;
+  static_assert(kTokenWarps == 1 || kWarps == 1, "token warps never wait on each other: no shared S parts");
+  constexpr int kDims = L::kDims;
+  constexpr int kKSteps = kDims / 16;    // k-steps of S^T = K Q^T
+  constexpr int kDimTiles = kDims / 16;  // 16-dim tiles of O^T
+  constexpr int kStageBytes = L::kStageBytes;
+  static_assert(kHeadTiles == 1 || kHeadTiles * 8 == kPagedDecodeRows, "two tiles hold a whole chunk of heads");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int dim_warp = warp % kWarps, token_warp = warp / kWarps;
+  const int g = lane >> 2, c = lane & 3;
+  const int dim0 = dim_warp * kDims;
+
+  // Task and head indices in 32 bits (the host keeps batch x num_qo_heads below 2^31): 64-bit
+  // divisions are a runtime call, ahead of the first load.
+  uint32_t task = blockIdx.x;
+  const int split = static_cast<int>(task % splits);
+  task /= splits;
+  const int chunk = static_cast<int>(task % head_chunks);
+  task /= head_chunks;
+  const uint32_t kv_heads = static_cast<uint32_t>(p.num_kv_heads);
+  const int64_t kv_head = task % kv_heads;
+  const int64_t b = task / kv_heads;
+  const int64_t group = static_cast<uint32_t>(p.num_qo_heads) / kv_heads;
+  const int64_t head0 = kv_head * group + int64_t(chunk) * kPagedDecodeRows;
+  const int rows = static_cast<int>(min64(kPagedDecodeRows, group - int64_t(chunk) * kPagedDecodeRows));
+
+  extern __shared__ __align__(128) unsigned char ring_all[];
+  const uint32_t ring = smem_addr(ring_all + warp * kStages * kStageBytes);
+
+  // The request's layout (uniform across the warp). Invalid layouts give NaN, never a read
+  // outside kv_indices or the caches. Its three loads and Q's go out together, ahead of any use:
+  // the last page's length read only for a request with pages (a branch on kv_indptr) cost a
+  // second memory round trip before the page ids could be fetched, and Q's loads waited behind
+  // both.
+  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
+  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+
+  // Q^T as B fragments, one per k-step and 8-head tile: head 8 nt + g (zero past the chunk's
+  // heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
+  uint32_t qb[kKSteps][kHeadTiles][2];
+  {
+    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j) {
+#pragma unroll
+      for (int nt = 0; nt < kHeadTiles; ++nt) {
+        const bool in = 8 * nt + g < rows;
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
+        qb[j][nt][0] = in ? __ldg(row) : 0u;
+        qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
+      }
+    }
   }
 
-  // Sums over the 8 lanes of each head; a bad page id anywhere spoils the whole task.
-#pragma unroll
-  for (int nt = 0; nt < kHeadTiles; ++nt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 4);
-      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 8);
-      l[nt][h] += __shfl_xor_sync(0xffffffffu, l[nt][h], 16);
-    }
+  bool bad = first < 0 || last < first || last > p.num_indices;
+  int n = 0;
+  if (!bad && last > first) {
+    bad = tail < 1 || tail > p.page_size;
+    if (!bad) n = static_cast<int>((last - first - 1) * p.page_size + tail);
   }
+  // This split's tokens: equal slices of whole steps; this warp's, equal runs of whole steps of
+  // the slice.
+  const int64_t slice = (int64_t(n) + splits - 1) / splits;
+  const int64_t per_split = (slice + kPagedDecodeStep - 1) / kPagedDecodeStep * kPagedDecodeStep;
+  const int split_begin = static_cast<int>(min64(n, split * per_split));
+  const int split_end = static_cast<int>(min64(n, split_begin + per_split));
+  const int run = (split_end - split_begin + kTokenWarps * kPagedDecodeStep - 1) / (kTokenWarps * kPagedDecodeStep) *
+                  kPagedDecodeStep;
+  const int begin = min(split_end, split_begin + token_warp * run);
+  const int end = min(split_end, begin + run);
+
+  const int page_size = static_cast<int>(p.page_size);
+  const RequestPages rp{p.kv_indices + (bad ? 0 : first), page_size,
+                        (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1,
+                        static_cast<uint32_t>(p.num_pages)};
+  const float kNegInf = OPFORGE_NEG_INF;
+  float o[kDimTiles][kHeadTiles][4], m[kHeadTiles][2], l[kHeadTiles][2];
+  bool bad_page = false;
+  stream_part<T, D, kStages, kHeadTiles>(p, rp, kv_head, begin, end, ring, qb, o, m, l, bad_page);
+
+  if (!fold_token_warps<T, D, kStages, kHeadTiles, kTokenWarps>(ring_all, o, m, l, bad_page)) return;
+
   // Every warp fetched the same page ids, so each one's flag is the task's.
   bad = bad || __any_sync(0xffffffffu, bad_page);
-  const float nan = __int_as_float(0x7fffffff);
   const int64_t rows_total = p.batch * p.num_qo_heads;
+  if (splits == 1) {
+    store_rows<T>(o, m, l, bad, rows, dim_warp == 0,
+                  static_cast<T*>(p.out) + b * p.out_stride_b + head0 * p.out_stride_h + dim0, p.out_stride_h,
+                  p.lse + b * p.lse_stride_b + head0 * p.lse_stride_h, p.lse_stride_h);
+  } else {
+    const int64_t row0 = int64_t(split) * rows_total + b * p.num_qo_heads + head0;
+    store_rows<float>(o, m, l, bad, rows, dim_warp == 0, p.workspace + row0 * D + dim0, D,
+                      p.workspace + int64_t(splits) * rows_total * D + row0, 1);
+  }
+#else
+  __trap();  // the host never launches this kernel on a GPU below 8.0 (checked in Python)
+#endif
+}
+
+// Page ranges (see PagedDecodePlan::ranges): CTA x takes range x % ranges of group x / ranges (a
+// group: one KV head's chunk of query heads) and, for each request its pages meet, the tokens of
+// the request on those pages, cut into equal runs of whole steps for its kPagedDecodeRangeWarps
+// warps, folded in warp order as a token-warp task's are. A request whose pages all lie in the
+// range gets its output here; the part of one that crosses the range's edge goes to the workspace
+// (slot 0: the part holding the range's first page, slot 1: one starting after it) for
+// paged_decode_ranges_merge_kernel. A request whose last page length is out of range is skipped
+// (the merge writes NaN), and so is every request of a batch whose kv_indptr is not monotone or
+// leaves [0, num_indices]: the cut assumes it.
+template <typename T, int D, int kStages, int kHeadTiles>
+__global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarpsPerSm / kPagedDecodeRangeWarps)
+    paged_decode_ranges_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  static_assert(kWarpsOf<D> == 1, "token warps need one warp of head dims");
+  using L = RingLayout<T, D>;
+  constexpr int kKSteps = L::kDims / 16;
+  constexpr int kDimTiles = L::kDims / 16;
+  constexpr int kWarps = kPagedDecodeRangeWarps;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int group = blockIdx.x / ranges;
+  const int r = blockIdx.x % ranges;
+  const int chunk = group % head_chunks;
+  const int64_t kv_head = group / head_chunks;
+  const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
+  const int64_t head0 = kv_head * heads_per_kv + int64_t(chunk) * kPagedDecodeRows;
+  const int rows = static_cast<int>(min64(kPagedDecodeRows, heads_per_kv - int64_t(chunk) * kPagedDecodeRows));
+
+  extern __shared__ __align__(128) unsigned char ring_all[];
+  constexpr int kRingBytes = kWarps * kStages * L::kStageBytes;
+  int32_t* indptr = reinterpret_cast<int32_t*>(ring_all + kRingBytes);
+  const int batch = static_cast<int>(p.batch);
+  bool bad = false;
+  for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+    const int32_t x = __ldg(p.kv_indptr + i);
+    indptr[i] = x;
+    bad = bad || x < 0 || x > p.num_indices;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < batch; i += blockDim.x) bad = bad || indptr[i] > indptr[i + 1];
+  if (__syncthreads_or(bad)) return;
+
+  const int64_t base = indptr[0], pages = int64_t(indptr[batch]) - base;
+  const int64_t q0 = base + paged_decode_range_start(r, pages, ranges);
+  const int64_t q1 = base + paged_decode_range_start(r + 1, pages, ranges);
+  if (q0 >= q1) return;  // the whole CTA: no barrier below is reached
+  // The request holding position q0: the last b with indptr[b] <= q0 (it has pages, as q0 < indptr[batch]).
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (indptr[mid] <= q0) lo = mid; else hi = mid - 1;
+  }
+  const uint32_t ring = smem_addr(ring_all + warp * kStages * L::kStageBytes);
+  const int page_size = static_cast<int>(p.page_size);
+  const int shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+  const int64_t slot0 = (int64_t(group) * ranges + r) * 2;
+  for (int b = lo; b < batch && indptr[b] < q1; ++b) {
+    const int32_t first = indptr[b], last = indptr[b + 1];
+    if (last == first) continue;  // no pages: the merge writes it
+    const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+    if (tail < 1 || tail > p.page_size) continue;  // the merge writes NaN (uniform over the CTA)
+    const int64_t part0 = first > q0 ? first : q0, part1 = last < q1 ? last : q1;
+    const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
+    const int part_begin = static_cast<int>((part0 - first) * p.page_size);
+    const int part_end = static_cast<int>(min64(n, (part1 - first) * p.page_size));
+    // This warp's run: equal runs of whole steps of the part.
+    const int run = (part_end - part_begin + kWarps * kPagedDecodeStep - 1) / (kWarps * kPagedDecodeStep) *
+                    kPagedDecodeStep;
+    const int begin = min(part_end, part_begin + warp * run);
+    const int end = min(part_end, begin + run);
+
+    uint32_t qb[kKSteps][kHeadTiles][2];
+    {
+      const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + 2 * c;
 #pragma unroll
-  for (int nt = 0; nt < kHeadTiles; ++nt) {
+      for (int j = 0; j < kKSteps; ++j) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = 8 * nt + 2 * c + h;
-      if (row >= rows) continue;
-      const int64_t head = head0 + row;
-      // l == 0: no token (a zero output, lse -inf); a NaN l stays NaN.
-      const float inv = bad ? nan : l[nt][h] == 0.f ? 0.f : 1.f / l[nt][h];
-      const float lse = bad ? nan : l[nt][h] == 0.f ? kNegInf : m[nt][h] + log2f(l[nt][h]);
-      // This lane's dims of the head: 16 i + g and 16 i + g + 8.
-      if (splits == 1) {
-        T* out = static_cast<T*>(p.out) + b * p.out_stride_b + head * p.out_stride_h + dim0 + g;
-#pragma unroll
-        for (int i = 0; i < kDimTiles; ++i) {
-          out[16 * i] = from_float<T>(o[i][nt][h] * inv);
-          out[16 * i + 8] = from_float<T>(o[i][nt][2 + h] * inv);
-        }
-      } else {
-        const int64_t row_index = int64_t(split) * rows_total + b * p.num_qo_heads + head;
-        float* ws = p.workspace + row_index * D + dim0 + g;
-#pragma unroll
-        for (int i = 0; i < kDimTiles; ++i) {
-          ws[16 * i] = o[i][nt][h] * inv;
-          ws[16 * i + 8] = o[i][nt][2 + h] * inv;
-        }
-      }
-      if (g == 0 && dim_warp == 0) {
-        if (splits == 1) {
-          p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = lse;
-        } else {
-          p.workspace[int64_t(splits) * rows_total * D + int64_t(split) * rows_total + b * p.num_qo_heads + head] =
-              lse;
+        for (int nt = 0; nt < kHeadTiles; ++nt) {
+          const bool in = 8 * nt + g < rows;
+          const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
+          qb[j][nt][0] = in ? __ldg(row) : 0u;
+          qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
         }
       }
     }
+    const RequestPages rp{p.kv_indices + first, page_size, shift, static_cast<uint32_t>(p.num_pages)};
+    float o[kDimTiles][kHeadTiles][4], m[kHeadTiles][2], l[kHeadTiles][2];
+    bool bad_page = false;
+    stream_part<T, D, kStages, kHeadTiles>(p, rp, kv_head, begin, end, ring, qb, o, m, l, bad_page);
+    if (fold_token_warps<T, D, kStages, kHeadTiles, kWarps>(ring_all, o, m, l, bad_page)) {
+      bad_page = __any_sync(0xffffffffu, bad_page);
+      if (part0 == first && part1 == last) {
+        store_rows<T>(o, m, l, bad_page, rows, true,
+                      static_cast<T*>(p.out) + b * p.out_stride_b + head0 * p.out_stride_h, p.out_stride_h,
+                      p.lse + b * p.lse_stride_b + head0 * p.lse_stride_h, p.lse_stride_h);
+      } else {
+        const int64_t slot = slot0 + (part0 == q0 ? 0 : 1);
+        const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
+        store_rows<float>(o, m, l, bad_page, rows, true, p.workspace + slot * kPagedDecodeRows * D, D,
+                          p.workspace + slots * kPagedDecodeRows * D + slot * kPagedDecodeRows, 1);
+      }
+    }
+    __syncthreads();  // warp 0 has read the other rings' states: they may stream again
   }
 #else
   __trap();  // the host never launches this kernel on a GPU below 8.0 (checked in Python)
@@ -742,6 +897,68 @@ __global__ void __launch_bounds__(kMergeThreads)
   all.write<T>(p, row, dim, lane == 0);
 }
 
+// Second pass of a page-range plan: one group of D / 4 threads per (request, query head) row,
+// 256 / (D / 4) rows per block. A row whose request lies in one range was written by that range's
+// CTA and is left alone; otherwise the partials of ranges range_of(first) .. range_of(last - 1)
+// are merged in range order. Rows of requests without pages get zeros and lse -inf; those of a
+// request whose last page length is out of range, and every row of a batch whose kv_indptr is not
+// monotone or leaves [0, num_indices] (each block checks the whole array: the first kernel wrote
+// nothing then), get NaN.
+template <typename T, int D>
+__global__ void __launch_bounds__(kMergeThreads)
+    paged_decode_ranges_merge_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges) {
+  // The layout checks read only inputs: they go ahead of the wait for the first kernel's writes.
+  constexpr int kLanes = D / 4;
+  constexpr int kRowsPerBlock = kMergeThreads / kLanes;
+  const int batch = static_cast<int>(p.batch);
+  bool bad_batch = false;
+  for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+    const int32_t x = __ldg(p.kv_indptr + i);
+    bad_batch = bad_batch || x < 0 || x > p.num_indices || (i < batch && x > __ldg(p.kv_indptr + i + 1));
+  }
+  bad_batch = __syncthreads_or(bad_batch);
+  wait_for_previous_grid();
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  if (row >= p.batch * p.num_qo_heads) return;
+  const int dim = (threadIdx.x % kLanes) * 4;
+  const int64_t b = row / p.num_qo_heads, head = row % p.num_qo_heads;
+  MergeState state;
+  if (bad_batch) {
+    state.bad = true;
+  } else {
+    const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
+    if (last > first) {
+      const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+      const int64_t base = __ldg(p.kv_indptr), pages = int64_t(__ldg(p.kv_indptr + batch)) - base;
+      const int64_t r0 = paged_decode_range_of(first - base, pages, ranges);
+      const int64_t r1 = paged_decode_range_of(last - 1 - base, pages, ranges);
+      if (tail < 1 || tail > p.page_size) {
+        state.bad = true;
+      } else if (r0 == r1) {
+        return;  // written by its range's CTA
+      } else {
+        const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
+        const int64_t kv_head = head / heads_per_kv, in_kv = head % heads_per_kv;
+        const int64_t group = kv_head * head_chunks + in_kv / kPagedDecodeRows;
+        const int64_t chunk_row = in_kv % kPagedDecodeRows;
+        const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
+        const float* lse_of = p.workspace + slots * kPagedDecodeRows * D;
+#pragma unroll 4
+        for (int64_t r = r0; r <= r1; ++r) {
+          const int64_t start = paged_decode_range_start(r, pages, ranges);
+          if (start == paged_decode_range_start(r + 1, pages, ranges)) continue;  // a range without pages
+          const bool starts_inside = r == r0 && first - base != start;
+          const int64_t slot = (group * ranges + r) * 2 + (starts_inside ? 1 : 0);
+          float o[4];
+          to_floats(load_vec<float, 4>(p.workspace + (slot * kPagedDecodeRows + chunk_row) * D + dim), o);
+          state.add(lse_of[slot * kPagedDecodeRows + chunk_row], o);
+        }
+      }
+    }
+  }
+  state.write<T>(p, row, dim, dim == 0);
+}
+
 // The dynamic shared memory a ring kernel launches with on `device`: its warps' rings
 // (`ring_bytes`), padded where more CTAs than the plan counts on (kPagedDecodeWarpsPerSm warps
 // per SM) would otherwise be resident. The plan sizes its waves for that many; one-warp CTAs of
@@ -789,6 +1006,34 @@ int launch_ring(const PagedDecodeParams& p, const PagedDecodePlan& plan, int dev
   }
 }
 
+// A page-range plan: the ranges kernel (its rings and a copy of kv_indptr in shared memory), then
+// the merge, with PDL where the GPU has it.
+template <typename T, int D, int kHeadTiles>
+int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
+  if constexpr (kWarpsOf<D> > 1) {
+    return static_cast<int>(cudaErrorInvalidConfiguration);  // the plan never asks for it
+  } else {
+    const auto kernel = paged_decode_ranges_kernel<T, D, kRingStages, kHeadTiles>;
+    constexpr int kRingBytes = kPagedDecodeRangeWarps * kRingStages * RingLayout<T, D>::kStageBytes;
+    constexpr int kIndptrBytes = (int(kPagedDecodeRangesMaxBatch) + 1) * 4;
+    static PerDevice smem_of;
+    const int smem = smem_of.get(device, [&] {
+      return ring_smem(kernel, (kRingBytes + kIndptrBytes + 127) / 128 * 128, kPagedDecodeRangeWarps, device);
+    });
+    if (smem < 0) return -smem;
+    kernel<<<static_cast<unsigned>(plan.ctas), kPagedDecodeRangeWarps * 32, smem, stream>>>(p, plan.head_chunks,
+                                                                                            plan.ranges);
+    const int err = last_launch_status();
+    if (err != 0) return err;
+    constexpr int kRowsPerBlock = kMergeThreads / (D / 4);
+    const int64_t blocks = (p.batch * p.num_qo_heads + kRowsPerBlock - 1) / kRowsPerBlock;
+    const auto merge = paged_decode_ranges_merge_kernel<T, D>;
+    const bool pdl = image_waits_for_previous_grid<paged_decode_ranges_merge_kernel<T, D>>(device);
+    return static_cast<int>(launch_kernel(merge, dim3(static_cast<unsigned>(blocks)), dim3(kMergeThreads), 0, stream,
+                                          pdl, p, plan.head_chunks, plan.ranges));
+  }
+}
+
 template <typename T, int D, int kHeadTiles>
 int launch_ring_warps(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   switch (plan.token_warps) {
@@ -805,6 +1050,9 @@ int launch_typed(const PagedDecodeParams& p, const PagedDecodePlan& plan, int de
   // One tile of 8 heads when a KV head has at most 8 query heads (h32_kv8, h32_kv4: half the
   // tensor-core work of a 16-head tile), else two.
   const bool one_tile = p.num_qo_heads / p.num_kv_heads <= 8;
+  if (plan.ranges > 0) {
+    return one_tile ? launch_ranges<T, D, 1>(p, plan, device, stream) : launch_ranges<T, D, 2>(p, plan, device, stream);
+  }
   const int err = one_tile ? launch_ring_warps<T, D, 1>(p, plan, device, stream)
                            : launch_ring_warps<T, D, 2>(p, plan, device, stream);
   if (err != 0 || plan.splits == 1) return err;
@@ -839,7 +1087,8 @@ int launch_paged_decode_attention(const PagedDecodeParams& p, const PagedDecodeP
       p.num_indices * p.page_size > INT32_MAX || p.batch * p.num_qo_heads > INT32_MAX) {
     return static_cast<int>(cudaErrorInvalidConfiguration);
   }
-  if (plan.splits > 1 && p.workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  if ((plan.splits > 1 || plan.ranges > 0) && p.workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
+  if (plan.ranges > 0 && p.batch > kPagedDecodeRangesMaxBatch) return static_cast<int>(cudaErrorInvalidConfiguration);
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   switch (p.head_dim) {

@@ -95,6 +95,10 @@ constexpr int64_t kPagedDecodeEvenDen = 4;
 // at 4 x 4): the cuts of the shapes serve there.
 constexpr int64_t kPagedDecodeEvenTasksNum = 2;
 constexpr int64_t kPagedDecodeEvenTasksDen = 3;
+// Requests whose lengths are known to be skewed: the caller's longest at least
+// kPagedDecodeSkewedNum / kPagedDecodeSkewedDen of the average (rule 5 below).
+constexpr int64_t kPagedDecodeSkewedNum = 4;
+constexpr int64_t kPagedDecodeSkewedDen = 1;
 
 // Most warps that share one task's slice inside a CTA (head_dim <= 128; one at 256, whose two
 // warps already share each step's dims).
@@ -112,7 +116,34 @@ struct PagedDecodePlan {
   int splits = 0;
   int token_warps = 0;
   int64_t ctas = 0;
+  int ranges = 0;  // > 0: page ranges per KV head and head chunk (below) instead of splits
 };
+
+// Page ranges: a schedule that does not depend on how the batch's tokens are spread over its
+// requests. The batch's pages, kv_indices[kv_indptr[0] .. kv_indptr[batch]), are cut into `ranges`
+// equal runs per KV head and head chunk, range r taking positions floor(r P / ranges) ..
+// floor((r + 1) P / ranges) - 1 of the P pages; one CTA of kPagedDecodeRangeWarps warps per range
+// streams the parts of the requests its pages hold, each part cut into equal runs for its warps
+// and folded as token warps are. A request held by one range gets its output from that CTA; the
+// parts of one held by several are written to the workspace as partial outputs (slot 0 of a
+// range: the part holding its first page; slot 1: a part starting after it) and a second kernel
+// merges them in range order, and writes the rows of requests without pages and of a batch whose
+// kv_indptr is not monotone (NaN). A CTA keeps a copy of kv_indptr in shared memory, so batches
+// are limited to kPagedDecodeRangesMaxBatch requests.
+constexpr int kPagedDecodeRangeWarps = 4;
+constexpr int64_t kPagedDecodeRangesMaxBatch = 2048;
+constexpr int kPagedDecodeMaxRanges = 4096;
+
+#ifdef __CUDACC__
+#define OPFORGE_RANGE_FN __host__ __device__ inline constexpr  // the kernels cut as the host tests do
+#else
+#define OPFORGE_RANGE_FN inline constexpr
+#endif
+OPFORGE_RANGE_FN int64_t paged_decode_range_of(int64_t q, int64_t pages, int64_t ranges) {
+  const int64_t r = ((q + 1) * ranges - 1) / pages;
+  return r < ranges - 1 ? r : ranges - 1;
+}
+OPFORGE_RANGE_FN int64_t paged_decode_range_start(int64_t r, int64_t pages, int64_t ranges) { return r * pages / ranges; }
 
 inline int64_t paged_decode_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -131,6 +162,31 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
   p.token_warps = token_warps;
   p.ctas = batch * num_kv_heads * p.head_chunks * splits;
   return p;
+}
+
+// A page-range plan with `ranges` per KV head and head chunk; head_chunks = 0 when out of range
+// (1 .. kPagedDecodeMaxRanges, head_dim <= 128, at most kPagedDecodeRangesMaxBatch requests).
+inline PagedDecodePlan paged_decode_ranges_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
+                                                int64_t head_dim, int ranges) {
+  PagedDecodePlan p = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
+  if (p.head_chunks == 0 || ranges < 1 || ranges > kPagedDecodeMaxRanges || paged_decode_warps(head_dim) != 1 ||
+      batch > kPagedDecodeRangesMaxBatch) {
+    return PagedDecodePlan{};
+  }
+  p.ranges = ranges;
+  p.token_warps = kPagedDecodeRangeWarps;
+  p.ctas = num_kv_heads * p.head_chunks * ranges;
+  return p;
+}
+
+// The ranges per KV head and head chunk that make one wave of resident CTAs on `sms`
+// multiprocessors (equal runs of pages finish together), at least one.
+inline int paged_decode_wave_ranges(int64_t num_qo_heads, int64_t num_kv_heads, int sms) {
+  const int64_t group = num_kv_heads >= 1 ? num_qo_heads / num_kv_heads : 1;
+  const int64_t groups = num_kv_heads * paged_decode_cdiv(group < 1 ? 1 : group, kPagedDecodeRows);
+  int64_t r = int64_t(sms) * (kPagedDecodeWarpsPerSm / kPagedDecodeRangeWarps) / (groups < 1 ? 1 : groups);
+  if (r < 1) r = 1;
+  return static_cast<int>(r > kPagedDecodeMaxRanges ? kPagedDecodeMaxRanges : r);
 }
 
 // The plan for a call on a GPU with `sms` multiprocessors, from the shapes alone (the lengths
@@ -226,14 +282,33 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   if (parts < 1) parts = 1;
   int token_warps = 1;
   while (token_warps_fit && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;
-  return paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim,
-                           static_cast<int>(paged_decode_cdiv(parts, token_warps)), token_warps);
+  const PagedDecodePlan cut = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim,
+                                                static_cast<int>(paged_decode_cdiv(parts, token_warps)), token_warps);
+  // Rule 5: where the caller says the batch is skewed (its longest request at least
+  // kPagedDecodeSkewedNum / kPagedDecodeSkewedDen x the average), that cut has splits and the tasks
+  // give three quarters of the SMs one, page ranges instead: one wave of CTAs over equal runs of
+  // the batch's pages, whatever the lengths. One long request among short ones is 1.3-2x faster
+  // that way (h32_kv8 page size 16 32 x tail, 21.6 x the average: 124.9 -> 98.5 us; h32_kv4 page
+  // size 1: 147.4 -> 74.4), but batches of lengths spread evenly lose 1-4% (32 x 2048: 101.4 ->
+  // 102.1 and 59.0 -> 59.9; 32 x uniform lengths, 1.6 x the average at most: 113.0 -> 116.9 and
+  // 65.2 -> 67.0; H100, bench/results/2026-11-28_h100_47d0cb8_paged_decode_cta_ranges/), so a
+  // batch whose lengths are not known keeps the cut. Fewer tasks keep it too: each range's
+  // partials are then merged through memory for most rows (8 x 2048 h32_kv4: 20.7 us cut, 30.4
+  // ranges).
+  const bool skewed = max_tokens > 0 && max_tokens * kPagedDecodeSkewedDen >= avg_tokens * kPagedDecodeSkewedNum;
+  if (skewed && cut.splits > 1 && 4 * one.ctas >= 3 * int64_t(sms)) {
+    const PagedDecodePlan ranged = paged_decode_ranges_plan(batch, num_qo_heads, num_kv_heads, head_dim,
+                                                            paged_decode_wave_ranges(num_qo_heads, num_kv_heads, sms));
+    if (ranged.head_chunks != 0) return ranged;
+  }
+  return cut;
 }
 
 // fp32 elements of workspace a plan needs: a normalised output row and its lse per split and
 // query head (0 without a split).
 inline int64_t paged_decode_workspace_elems(const PagedDecodePlan& plan, int64_t batch, int64_t num_qo_heads,
                                             int64_t head_dim) {
+  if (plan.ranges > 0) return 2 * plan.ctas * kPagedDecodeRows * (head_dim + 1);  // two slots of a chunk's rows per range
   return plan.splits > 1 ? int64_t(plan.splits) * batch * num_qo_heads * (head_dim + 1) : 0;
 }
 

@@ -434,6 +434,14 @@ def test_plan_of_the_decode_shapes(batch, tokens, parts, splits, token_warps):
     64 tokens per part: batch 1 x 32768) or 16 parts, whichever is more, each part keeping at
     least 128 tokens of an average request (8 with at most 33 tasks: batch 1 to 4); up to 4 of
     the parts are warps of one CTA, the rest splits (the examples in the header)."""
+    p = plan(batch, 32, 8, tokens)
+    assert splits == -(-parts // token_warps)
+    assert (p["head_chunks"], p["splits"], p["token_warps"], p["warps_per_cta"], p["ranges"]) == \
+        (1, splits, token_warps, token_warps, 0), p
+    assert p["ctas"] == batch * 8 * splits
+    assert p["workspace"] == (splits * batch * 32 * 129 if splits > 1 else 0)
+
+
 @pytest.mark.parametrize("batch, context, splits",
                          [(128, 2048, 16), (128, 512, 4), (32, 2048, 16), (32, 512, 16), (8, 2048, 33), (8, 8192, 33),
                           (1, 512, 16), (1, 2048, 64), (1, 32768, 128)], ids=str)
@@ -483,7 +491,7 @@ def test_plan_with_even_lengths():
     def cut(batch, hq, hkv, context, max_tokens, head_dim=128, tokens=None, page_size=1):
         p = plan(batch, hq, hkv, tokens if tokens is not None else batch * context, head_dim=head_dim,
                  max_tokens=max_tokens, page_size=page_size)
-        return p["splits"], p["token_warps"]
+        return ("ranges", p["ranges"]) if p["ranges"] else (p["splits"], p["token_warps"])
     # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048: 256 tasks on 132 SMs, at every page size.
     for batch, hkv, context in ((32, 8, 2048), (32, 8, 8192), (64, 4, 2048)):
         for page_size in (1, 16, 64):
@@ -503,10 +511,10 @@ def test_plan_with_even_lengths():
             [shapes[0]] + [few] * 4 + shapes[5:8] + [(1, 4)], page_size
     # ... and never more parts than the shapes' plan (batch 32 x 512: 1 x 4 either way).
     assert cut(32, 32, 4, 512, 512) == cut(32, 32, 4, 512, 0) == (1, 4)
-    # A long request among short ones (32 x tail: 1520 tokens on average, 32768 at most).
+    # A long request among short ones (32 x tail: 1520 tokens on average, 32768 at most) is no
+    # even batch (test_plan_with_skewed_lengths).
     for page_size in (1, 16):
-        assert cut(32, 32, 8, 0, 32768, tokens=32 * 1520, page_size=page_size) == \
-            cut(32, 32, 8, 0, 0, tokens=32 * 1520, page_size=page_size)
+        assert cut(32, 32, 8, 0, 32768, tokens=32 * 1520, page_size=page_size)[0] != 1
     # Fewer tasks (h32_kv8 batch 8: 64; h32_kv4 batch 16: 64) and 256 dims keep their plans.
     for page_size in (1, 16):
         assert cut(8, 32, 8, 2048, 2048, page_size=page_size) == cut(8, 32, 8, 2048, 0, page_size=page_size)
@@ -520,10 +528,31 @@ def test_plan_with_even_lengths():
         plan(32, 32, 8, 32 * 2048, page_size=0)
 
 
+def test_plan_with_skewed_lengths():
+    """A caller whose longest request is at least 4x the average (max_kv_len) gets page ranges
+    where the plan would otherwise hedge with splits and the tasks give three quarters of the
+    SMs one: a wave of 264 CTAs on 132 SMs. Lengths not known, or spread less, keep the cut; so do
+    fewer tasks, batches that take one split anyway and 256 dims."""
+    def ranges(batch, hkv, avg, longest, head_dim=128, sms=132):
+        p = plan(batch, 32, hkv, batch * avg, head_dim=head_dim, sms=sms, max_tokens=longest)
+        return p["ranges"]
+    assert ranges(32, 8, 1520, 32768) == 33 and ranges(32, 4, 1520, 32768) == 66  # 32 x tail
+    assert ranges(32, 8, 1520, 4 * 1520) == 33 and ranges(32, 8, 1520, 4 * 1520 - 1) == 0
+    assert ranges(32, 8, 2310, 3796) == 0  # 32 x uniform lengths: 1.6 x the average at most
+    assert ranges(32, 8, 1520, 0) == 0  # not known
+    assert ranges(12, 8, 1520, 32768) == 0 and ranges(13, 8, 1520, 32768) == 33  # 96 tasks < 99 <= 104
+    assert ranges(8, 4, 1520, 32768) == 0  # 32 tasks: the cut
+    assert ranges(128, 8, 512, 32768) == 0  # one split anyway (1 x 4)
+    assert ranges(32, 8, 1520, 32768, head_dim=256) == 0  # splits only
+    p = plan(32, 32, 8, 32 * 1520, max_tokens=32768)
+    assert (p["splits"], p["token_warps"], p["warps_per_cta"], p["ctas"], p["workspace"]) == \
+        (1, 4, 4, 8 * 33, 2 * 8 * 33 * 16 * 129)
+
+
 def test_forced_plans():
     p = plan(3, 32, 8, 300, splits=5)
     assert (p["splits"], p["ctas"], p["workspace"]) == (5, 3 * 8 * 5, 5 * 3 * 32 * 129)
-    for bad in (0, 129):
+    for bad in (-2, 129):
         with pytest.raises(ValueError, match="splits"):
             plan(3, 32, 8, 300, splits=bad)
     p = plan(3, 32, 8, 300, splits=2, token_warps=4)
@@ -535,6 +564,26 @@ def test_forced_plans():
             plan(3, 32, 8, 300, **bad)
     with pytest.raises(ValueError, match="plan needs"):
         plan(3, 30, 8, 300)
+
+
+def test_forced_page_ranges():
+    """splits=0 forces page ranges: token_warps of them per KV head and chunk of 16 query heads
+    (-1: one wave of two 4-warp CTAs per SM), a CTA each; the workspace holds two slots of a
+    chunk's rows (output and lse) per range."""
+    p = plan(3, 32, 8, 300, splits=0, token_warps=12)
+    assert (p["ranges"], p["warps_per_cta"], p["ctas"], p["workspace"]) == (12, 4, 8 * 12, 2 * 12 * 8 * 16 * 129)
+    assert plan(3, 32, 8, 300, splits=0)["ranges"] == 132 * 2 // 8  # a wave: 264 CTAs over 8 KV heads
+    assert plan(3, 32, 4, 300, splits=0)["ranges"] == 66
+    assert plan(3, 40, 2, 300, splits=0)["ranges"] == 132 * 2 // 4  # 20 query heads per KV head: two chunks
+    assert plan(3, 32, 32, 300, splits=0, sms=10)["ranges"] == 1  # at least one
+    assert plan(2048, 32, 8, 300, splits=0)["ranges"] == 33  # batches up to 2048
+    for bad in (dict(token_warps=0), dict(token_warps=4097), dict(token_warps=8, head_dim=256)):
+        head_dim = bad.pop("head_dim", 128)
+        with pytest.raises(ValueError, match="page ranges"):
+            plan(3, 32, 8, 300, head_dim=head_dim, splits=0, **bad)
+    with pytest.raises(ValueError, match="batch <= 2048"):
+        plan(2049, 32, 8, 300, splits=0)
+    assert plan(3, 32, 8, 300)["ranges"] == 0
 
 
 # --- torch.library / torch.compile -----------------------------------------------------------
@@ -790,19 +839,90 @@ def test_every_split_count(seed, splits, token_warps, config):
     check((out, lse), problem, "cuda", seed, f"splits={splits} token_warps={token_warps} {problem.lengths}")
 
 
+def run_forced(problem, args, splits, token_warps, last=None, layout="strided"):
+    """The raw CUDA call with a forced plan, its workspace NaN-poisoned; (out, lse) after a sync."""
+    out, lse = poisoned_outputs(problem, "cuda", layout)
+    last = problem.kv_last_page_len.cuda() if last is None else last
+    scale = 1 / math.sqrt(problem.q.shape[2])
+    stream = torch.cuda.current_stream().cuda_stream
+    need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits, token_warps)
+    if need:
+        workspace = torch.full((need,), float("nan"), device="cuda")
+        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits,
+                                         token_warps) == 0
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ranges", [1, 3, 12, -1, 4096], ids=lambda r: "wave" if r == -1 else str(r))
+@pytest.mark.parametrize("config", [(32, 8, 128, 1), (32, 4, 128, 64), (6, 1, 64, 3), (40, 2, 128, 5),
+                                    (8, 2, 128, 48)],
+                         ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
+def test_page_ranges(seed, ranges, config):
+    """Page-range plans (equal runs of the batch's pages per CTA, whatever the lengths): requests
+    held by one range and by many, requests without pages, ranges without pages (4096 of them
+    for a few hundred pages), two chunks of query heads per KV head (h40_kv2), a workspace
+    NaN-poisoned; a bad page id in one request makes that request NaN and leaves the others bit
+    for bit as they were."""
+    problem = random_problem(torch.Generator().manual_seed(seed), config, torch.bfloat16, batch=9, longest=700)
+    args = list(problem.args("cuda"))
+    good = run_forced(problem, args, 0, ranges)
+    check(good, problem, "cuda", seed, f"ranges={ranges} {problem.lengths}")
+    bad_request = next(b for b in range(problem.q.shape[0]) if problem.lengths[b] > 0)
+    args[4] = args[4].clone()
+    args[4][int(problem.kv_indptr[bad_request + 1]) - 1] = problem.num_pages  # its last page: one past the end
+    out, lse = run_forced(problem, args, 0, ranges)
+    assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
+    keep = torch.arange(problem.q.shape[0]) != bad_request
+    assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+
+
+@pytest.mark.gpu
+def test_page_ranges_bad_layouts_give_nan(seed):
+    """What the unchecked path (skip_check=True) may pass a page-range plan: a last page length out
+    of range makes its request NaN (the others stay right); kv_indptr not monotone, or past
+    kv_indices, makes every row NaN (the cut assumes it), never a read out of bounds."""
+    problem = Problem(torch.Generator().manual_seed(seed), [40, 17, 0, 300, 64], 16, 2, 128, 5, torch.bfloat16)
+    args = list(problem.args("cuda"))
+    good = run_forced(problem, args, 0, 8)
+    check(good, problem, "cuda", seed)
+    last = problem.kv_last_page_len.cuda().clone()
+    last[3] = 6
+    out, lse = run_forced(problem, args, 0, 8, last=last)
+    assert torch.isnan(out[3]).all() and torch.isnan(lse[3]).all()
+    keep = torch.tensor([True, True, True, False, True])
+    assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+    for broken in ("decreasing", "past the end", "negative"):
+        indptr = args[3].clone()
+        if broken == "decreasing":
+            indptr[2], indptr[3] = indptr[3].item(), indptr[2].item() - 1
+        elif broken == "past the end":
+            indptr[-1] = args[4].numel() + 1
+        else:
+            indptr[0] = -1
+        out, lse = run_forced(problem, [*args[:3], indptr, args[4]], 0, 8)
+        assert torch.isnan(out).all() and torch.isnan(lse).all(), f"{broken} {replay(seed)}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("hkv, batch, hint", [(8, 32, "exact"), (4, 64, "exact"), (8, 32, "too short"),
-                                              (8, 32, "too long")], ids=str)
+                                              (8, 32, "too long"), (4, 32, "skewed")], ids=str)
 def test_cuda_max_kv_len_changes_only_the_plan(seed, hkv, batch, hint):
-    """max_kv_len picks the cut, not the result: even batches with the true longest length, and
-    batches told a wrong one (too short, so skewed ones lose the splits they need; too long), all
-    match the CPU op."""
+    """max_kv_len picks the cut, not the result: even batches with the true longest length, a
+    skewed one with it (page ranges), and batches told a wrong one (too short, so skewed ones lose
+    the splits they need; too long: page ranges), all match the CPU op."""
     gen = torch.Generator().manual_seed(seed)
     lengths = [2048] * batch if hint == "exact" else torch.randint(1, 4096, (batch,), generator=gen).tolist()
-    if hint == "too short":
+    if hint in ("too short", "skewed"):
         lengths[0] = 20000
     problem = Problem(gen, lengths, 32, hkv, 128, 16, torch.bfloat16)
-    max_kv_len = {"exact": max(lengths), "too short": 2048, "too long": 1 << 40}[hint]
+    max_kv_len = {"exact": max(lengths), "skewed": max(lengths), "too short": 2048, "too long": 1 << 40}[hint]
+    if hint in ("skewed", "too long"):
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        p = _C.paged_decode_attention_plan(batch, 32, hkv, 128, problem.kv_indices.numel() * 16, 16, sms,
+                                           max_tokens=max_kv_len)
+        assert p["ranges"] > 0, p
     got = run(problem, "cuda", max_kv_len=max_kv_len)
     cpu = opforge.paged_decode_attention(*problem.args(), **problem.kwargs())
     scale = float(cpu[0].float().abs().max())
