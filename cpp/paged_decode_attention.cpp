@@ -373,9 +373,15 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
     check_rows_aligned(v, {0, 1, 2});
     check_rows_aligned(out, {0, 1});
     const int device = q.t.device_id();
-    const PagedDecodePlan plan =
-        forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, page_size, max_tokens, cuda::sm_count(device), splits,
-                              token_warps);
+    PagedDecodePlan plan = forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, page_size, max_tokens,
+                                                 cuda::sm_count(device), splits, token_warps);
+    if (plan.ranges > 0 && !cuda::paged_decode_ranges_fit(device, head_dim)) {
+      if (splits != -1) {
+        throw_value_error(kPrefix + "page ranges (splits=0) need more shared memory per block than this GPU has");
+      }
+      // The cut the plan takes without the hint: a skewed batch is no even one either.
+      plan = cuda::choose_paged_decode_plan(batch, hq, hkv, head_dim, tokens, page_size, cuda::sm_count(device), 0);
+    }
     if (plan.ctas > INT32_MAX) {
       throw_value_error(kPrefix + "batch x num_kv_heads x splits = " + str(plan.ctas) + " tasks exceed the grid");
     }

@@ -1008,17 +1008,21 @@ int launch_ring(const PagedDecodeParams& p, const PagedDecodePlan& plan, int dev
 
 // A page-range plan: the ranges kernel (its rings and a copy of kv_indptr in shared memory), then
 // the merge, with PDL where the GPU has it.
+// The dynamic shared memory of the ranges kernel: its warps' rings and the copy of kv_indptr.
+template <typename T, int D>
+constexpr int kRangesSmemBytes =
+    (kPagedDecodeRangeWarps * kRingStages * RingLayout<T, D>::kStageBytes + (int(kPagedDecodeRangesMaxBatch) + 1) * 4 +
+     127) / 128 * 128;
+
 template <typename T, int D, int kHeadTiles>
 int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   if constexpr (kWarpsOf<D> > 1) {
     return static_cast<int>(cudaErrorInvalidConfiguration);  // the plan never asks for it
   } else {
     const auto kernel = paged_decode_ranges_kernel<T, D, kRingStages, kHeadTiles>;
-    constexpr int kRingBytes = kPagedDecodeRangeWarps * kRingStages * RingLayout<T, D>::kStageBytes;
-    constexpr int kIndptrBytes = (int(kPagedDecodeRangesMaxBatch) + 1) * 4;
     static PerDevice smem_of;
     const int smem = smem_of.get(device, [&] {
-      return ring_smem(kernel, (kRingBytes + kIndptrBytes + 127) / 128 * 128, kPagedDecodeRangeWarps, device);
+      return ring_smem(kernel, kRangesSmemBytes<T, D>, kPagedDecodeRangeWarps, device);
     });
     if (smem < 0) return -smem;
     kernel<<<static_cast<unsigned>(plan.ctas), kPagedDecodeRangeWarps * 32, smem, stream>>>(p, plan.head_chunks,
@@ -1079,6 +1083,16 @@ int launch_dim(const PagedDecodeParams& p, const PagedDecodePlan& plan, int devi
 }
 
 }  // namespace
+
+bool paged_decode_ranges_fit(int device, int64_t head_dim) {
+  int per_block = 0;
+  if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return false;
+  // The kernel's static shared memory is a few dozen bytes; 1 KB of margin covers it.
+  const int need = head_dim == 64    ? kRangesSmemBytes<__nv_bfloat16, 64>
+                   : head_dim == 128 ? kRangesSmemBytes<__nv_bfloat16, 128>
+                                     : INT32_MAX - 1024;  // no page ranges at 256 dims
+  return need + 1024 <= per_block;
+}
 
 int launch_paged_decode_attention(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device,
                                   void* stream_ptr) {

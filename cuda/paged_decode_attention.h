@@ -317,6 +317,11 @@ inline bool paged_decode_head_dim_supported(int64_t head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
+// Whether `device` gives a CTA the shared memory of a page-range plan at head_dim (four warps'
+// rings and a copy of kv_indptr for kPagedDecodeRangesMaxBatch requests: about 104 KB at 128
+// dims; an sm_86 or sm_89 GPU allows 99 KB per block).
+bool paged_decode_ranges_fit(int device, int64_t head_dim);
+
 // Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).
 // Every row of q, the caches and out must start on 16 bytes. A request whose layout is invalid
 // (kv_indptr decreasing or past num_indices, a last page length outside [1, page_size], a page
