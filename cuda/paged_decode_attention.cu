@@ -111,6 +111,11 @@ struct RequestPages {
   int shift;  // log2(page_size), or -1
   uint32_t num_pages;
 
+  // The pages of a request starting at `pages` (shifts worked out from page_size).
+  __device__ static RequestPages of(const int32_t* pages, int page_size, int64_t num_pages) {
+    return {pages, page_size, (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1,
+            static_cast<uint32_t>(num_pages)};
+  }
   __device__ int index(int t) const { return shift >= 0 ? t >> shift : t / page_size; }
   __device__ int slot(int t) const { return shift >= 0 ? t & (page_size - 1) : t - index(t) * page_size; }
 };
@@ -190,6 +195,32 @@ __device__ __forceinline__ void copy_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 #endif
+}
+
+// Q^T as B fragments of request b, one per k-step and 8-head tile: head head0 + 8 nt + g (zero
+// past the chunk's `rows` heads), dims dim0 + 16 j + 2c (+1) and dim0 + 16 j + 8 + 2c (+1).
+template <typename T, int kKSteps, int kHeadTiles>
+__device__ __forceinline__ void load_q(const PagedDecodeParams& p, int64_t b, int64_t head0, int rows, int dim0,
+                                       uint32_t (&qb)[kKSteps][kHeadTiles][2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
+#pragma unroll
+  for (int j = 0; j < kKSteps; ++j) {
+#pragma unroll
+    for (int nt = 0; nt < kHeadTiles; ++nt) {
+      const bool in = 8 * nt + g < rows;
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
+      qb[j][nt][0] = in ? __ldg(row) : 0u;
+      qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
+    }
+  }
+}
+
+// Warp `warp` of `warps` sharing tokens [first, last): its equal run of whole steps, [begin, end).
+__device__ __forceinline__ void warp_run(int first, int last, int warps, int warp, int& begin, int& end) {
+  const int run = (last - first + warps * kPagedDecodeStep - 1) / (warps * kPagedDecodeStep) * kPagedDecodeStep;
+  begin = min(last, first + warp * run);
+  end = min(last, begin + run);
 }
 
 // Streams tokens [begin, end) of one request (its pages `rp`) through this warp's ring for the
@@ -561,9 +592,8 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   constexpr int kDimTiles = kDims / 16;  // 16-dim tiles of O^T
   constexpr int kStageBytes = L::kStageBytes;
   static_assert(kHeadTiles == 1 || kHeadTiles * 8 == kPagedDecodeRows, "two tiles hold a whole chunk of heads");
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int dim_warp = warp % kWarps, token_warp = warp / kWarps;
-  const int g = lane >> 2, c = lane & 3;
   const int dim0 = dim_warp * kDims;
 
   // Task and head indices in 32 bits (the host keeps batch x num_qo_heads below 2^31): 64-bit
@@ -591,22 +621,8 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
   const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
 
-  // Q^T as B fragments, one per k-step and 8-head tile: head 8 nt + g (zero past the chunk's
-  // heads), dims 16 j + 2c (+1) and 16 j + 8 + 2c (+1).
   uint32_t qb[kKSteps][kHeadTiles][2];
-  {
-    const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + dim0 + 2 * c;
-#pragma unroll
-    for (int j = 0; j < kKSteps; ++j) {
-#pragma unroll
-      for (int nt = 0; nt < kHeadTiles; ++nt) {
-        const bool in = 8 * nt + g < rows;
-        const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
-        qb[j][nt][0] = in ? __ldg(row) : 0u;
-        qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
-      }
-    }
-  }
+  load_q<T>(p, b, head0, rows, dim0, qb);
 
   bool bad = first < 0 || last < first || last > p.num_indices;
   int n = 0;
@@ -620,15 +636,10 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
   const int64_t per_split = (slice + kPagedDecodeStep - 1) / kPagedDecodeStep * kPagedDecodeStep;
   const int split_begin = static_cast<int>(min64(n, split * per_split));
   const int split_end = static_cast<int>(min64(n, split_begin + per_split));
-  const int run = (split_end - split_begin + kTokenWarps * kPagedDecodeStep - 1) / (kTokenWarps * kPagedDecodeStep) *
-                  kPagedDecodeStep;
-  const int begin = min(split_end, split_begin + token_warp * run);
-  const int end = min(split_end, begin + run);
+  int begin, end;
+  warp_run(split_begin, split_end, kTokenWarps, token_warp, begin, end);
 
-  const int page_size = static_cast<int>(p.page_size);
-  const RequestPages rp{p.kv_indices + (bad ? 0 : first), page_size,
-                        (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1,
-                        static_cast<uint32_t>(p.num_pages)};
+  const RequestPages rp = RequestPages::of(p.kv_indices + (bad ? 0 : first), static_cast<int>(p.page_size), p.num_pages);
   const float kNegInf = OPFORGE_NEG_INF;
   float o[kDimTiles][kHeadTiles][4], m[kHeadTiles][2], l[kHeadTiles][2];
   bool bad_page = false;
@@ -671,8 +682,7 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   constexpr int kKSteps = L::kDims / 16;
   constexpr int kDimTiles = L::kDims / 16;
   constexpr int kWarps = kPagedDecodeRangeWarps;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, c = lane & 3;
+  const int warp = threadIdx.x >> 5;
   const int group = blockIdx.x / ranges;
   const int r = blockIdx.x % ranges;
   const int chunk = group % head_chunks;
@@ -706,8 +716,6 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
     if (indptr[mid] <= q0) lo = mid; else hi = mid - 1;
   }
   const uint32_t ring = smem_addr(ring_all + warp * kStages * L::kStageBytes);
-  const int page_size = static_cast<int>(p.page_size);
-  const int shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
   const int64_t slot0 = (int64_t(group) * ranges + r) * 2;
   for (int b = lo; b < batch && indptr[b] < q1; ++b) {
     const int32_t first = indptr[b], last = indptr[b + 1];
@@ -718,27 +726,12 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
     const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
     const int part_begin = static_cast<int>((part0 - first) * p.page_size);
     const int part_end = static_cast<int>(min64(n, (part1 - first) * p.page_size));
-    // This warp's run: equal runs of whole steps of the part.
-    const int run = (part_end - part_begin + kWarps * kPagedDecodeStep - 1) / (kWarps * kPagedDecodeStep) *
-                    kPagedDecodeStep;
-    const int begin = min(part_end, part_begin + warp * run);
-    const int end = min(part_end, begin + run);
+    int begin, end;
+    warp_run(part_begin, part_end, kWarps, warp, begin, end);
 
     uint32_t qb[kKSteps][kHeadTiles][2];
-    {
-      const T* q_rows = static_cast<const T*>(p.q) + b * p.q_stride_b + head0 * p.q_stride_h + 2 * c;
-#pragma unroll
-      for (int j = 0; j < kKSteps; ++j) {
-#pragma unroll
-        for (int nt = 0; nt < kHeadTiles; ++nt) {
-          const bool in = 8 * nt + g < rows;
-          const uint32_t* row = reinterpret_cast<const uint32_t*>(q_rows + (8 * nt + g) * p.q_stride_h + 16 * j);
-          qb[j][nt][0] = in ? __ldg(row) : 0u;
-          qb[j][nt][1] = in ? __ldg(row + 4) : 0u;
-        }
-      }
-    }
-    const RequestPages rp{p.kv_indices + first, page_size, shift, static_cast<uint32_t>(p.num_pages)};
+    load_q<T>(p, b, head0, rows, 0, qb);
+    const RequestPages rp = RequestPages::of(p.kv_indices + first, static_cast<int>(p.page_size), p.num_pages);
     float o[kDimTiles][kHeadTiles][4], m[kHeadTiles][2], l[kHeadTiles][2];
     bool bad_page = false;
     stream_part<T, D, kStages, kHeadTiles>(p, rp, kv_head, begin, end, ring, qb, o, m, l, bad_page);
