@@ -1078,8 +1078,11 @@ int launch_dim(const PagedDecodeParams& p, const PagedDecodePlan& plan, int devi
 }  // namespace
 
 bool paged_decode_ranges_fit(int device, int64_t head_dim) {
-  int per_block = 0;
-  if (cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return false;
+  static PerDevice per_block_of;  // asked once per device: the check runs on the call path
+  const int per_block = per_block_of.get(device, [&] {
+    int bytes = 0;
+    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? bytes : -1;
+  });
   // The kernel's static shared memory is a few dozen bytes; 1 KB of margin covers it.
   const int need = head_dim == 64    ? kRangesSmemBytes<__nv_bfloat16, 64>
                    : head_dim == 128 ? kRangesSmemBytes<__nv_bfloat16, 128>
