@@ -23,6 +23,16 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+// Lets the next kernel on the stream, if launched with PDL, be scheduled before this one ends (its
+// blocks still wait for this kernel's writes in wait_for_previous_grid). Only for a grid whose
+// blocks are all resident at once: the next kernel's blocks would otherwise take the SMs that
+// this grid's later blocks need.
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Launches `kernel` on `stream`, with programmatic stream serialisation when `pdl` is set (the
 // caller has checked the GPU supports it). Returns the launch's cudaError_t.
 template <typename... Params, typename... Args>

@@ -664,35 +664,71 @@ __global__ void __launch_bounds__(kTokenWarps * kWarpsOf<D> * 32, kPagedDecodeWa
 #endif
 }
 
+// The part of request b (its pages from kv_indices[first]) a page-range CTA takes: tokens
+// [part_begin, part_end), cut into equal runs of whole steps for its kPagedDecodeRangeWarps warps,
+// folded in warp order as a token-warp task's are, and written by warp 0: to out where the part
+// is the whole request, else as a partial to workspace slot `slot` (of `slots`). The rings are
+// busy until warp 0 has read the other warps' states: a caller that streams again first waits
+// at a barrier.
+template <typename T, int D, int kStages, int kHeadTiles>
+__device__ __forceinline__ void ranges_part(const PagedDecodeParams& p, unsigned char* ring_all, int64_t b,
+                                            int32_t first, int64_t kv_head, int64_t head0, int rows, int part_begin,
+                                            int part_end, bool whole, int64_t slot, int64_t slots) {
+  using L = RingLayout<T, D>;
+  constexpr int kWarps = kPagedDecodeRangeWarps;
+  const int warp = threadIdx.x >> 5;
+  int begin, end;
+  warp_run(part_begin, part_end, kWarps, warp, begin, end);
+  uint32_t qb[L::kDims / 16][kHeadTiles][2];
+  load_q<T>(p, b, head0, rows, 0, qb);
+  const RequestPages rp = RequestPages::of(p.kv_indices + first, static_cast<int>(p.page_size), p.num_pages);
+  float o[L::kDims / 16][kHeadTiles][4], m[kHeadTiles][2], l[kHeadTiles][2];
+  bool bad_page = false;
+  const uint32_t ring = smem_addr(ring_all + warp * kStages * L::kStageBytes);
+  stream_part<T, D, kStages, kHeadTiles>(p, rp, kv_head, begin, end, ring, qb, o, m, l, bad_page);
+  if (!fold_token_warps<T, D, kStages, kHeadTiles, kWarps>(ring_all, o, m, l, bad_page)) return;
+  bad_page = __any_sync(0xffffffffu, bad_page);
+  if (whole) {
+    store_rows<T>(o, m, l, bad_page, rows, true,
+                  static_cast<T*>(p.out) + b * p.out_stride_b + head0 * p.out_stride_h, p.out_stride_h,
+                  p.lse + b * p.lse_stride_b + head0 * p.lse_stride_h, p.lse_stride_h);
+  } else {
+    store_rows<float>(o, m, l, bad_page, rows, true, p.workspace + slot * kPagedDecodeRows * D, D,
+                      p.workspace + slots * kPagedDecodeRows * D + slot * kPagedDecodeRows, 1);
+  }
+}
+
+// Whether a request (kv_indptr values x, next) is too long for runs per request
+// (PagedDecodePlan::even_splits): more than kPagedDecodeRunsMaxNum / kPagedDecodeRunsMaxDen of the
+// batch's average pages (`total` pages in all). The one test both kernels of a page-range plan
+// use, so that they agree on the schedule.
+__device__ __forceinline__ bool too_long_for_runs(int32_t x, int32_t next, int64_t batch, int64_t total) {
+  return kPagedDecodeRunsMaxDen * int64_t(next - x) * batch > kPagedDecodeRunsMaxNum * total;
+}
+
 // Page ranges (see PagedDecodePlan::ranges): CTA x takes range x % ranges of group x / ranges (a
 // group: one KV head's chunk of query heads) and, for each request its pages meet, the tokens of
-// the request on those pages, cut into equal runs of whole steps for its kPagedDecodeRangeWarps
-// warps, folded in warp order as a token-warp task's are. A request whose pages all lie in the
-// range gets its output here; the part of one that crosses the range's edge goes to the workspace
-// (slot 0: the part holding the range's first page, slot 1: one starting after it) for
-// paged_decode_ranges_merge_kernel. A request whose last page length is out of range is skipped
-// (the merge writes NaN), and so is every request of a batch whose kv_indptr is not monotone or
-// leaves [0, num_indices]: the cut assumes it.
+// the request on those pages (ranges_part). A request whose pages all lie in the range gets its
+// output here; the part of one that crosses the range's edge goes to the workspace (slot 0: the
+// part holding the range's first page, slot 1: one starting after it) for
+// paged_decode_ranges_merge_kernel. With even_splits > 0 and a batch found balanced, range r takes
+// page run r % even_splits of request r / even_splits instead (slot 0). A request whose last page
+// length is out of range is skipped (the merge writes NaN), and so is every request of a batch
+// whose kv_indptr is not monotone or leaves [0, num_indices]: the cut assumes it.
 template <typename T, int D, int kStages, int kHeadTiles>
 __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarpsPerSm / kPagedDecodeRangeWarps)
-    paged_decode_ranges_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges) {
+    paged_decode_ranges_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
+                               const int even_splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   static_assert(kWarpsOf<D> == 1, "token warps need one warp of head dims");
   using L = RingLayout<T, D>;
-  constexpr int kKSteps = L::kDims / 16;
-  constexpr int kDimTiles = L::kDims / 16;
-  constexpr int kWarps = kPagedDecodeRangeWarps;
-  const int warp = threadIdx.x >> 5;
-  const int group = blockIdx.x / ranges;
-  const int r = blockIdx.x % ranges;
-  const int chunk = group % head_chunks;
-  const int64_t kv_head = group / head_chunks;
-  const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
-  const int64_t head0 = kv_head * heads_per_kv + int64_t(chunk) * kPagedDecodeRows;
-  const int rows = static_cast<int>(min64(kPagedDecodeRows, heads_per_kv - int64_t(chunk) * kPagedDecodeRows));
 
+  // One wave: every CTA of this grid is resident from the start, so the merge's blocks may be
+  // scheduled now, into what is left of each SM, and do their reads of the layout while this
+  // kernel streams (they wait for its writes before reading the partials).
+  allow_next_grid();
   extern __shared__ __align__(128) unsigned char ring_all[];
-  constexpr int kRingBytes = kWarps * kStages * L::kStageBytes;
+  constexpr int kRingBytes = kPagedDecodeRangeWarps * kStages * L::kStageBytes;
   int32_t* indptr = reinterpret_cast<int32_t*>(ring_all + kRingBytes);
   const int batch = static_cast<int>(p.batch);
   bool bad = false;
@@ -702,21 +738,54 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
     bad = bad || x < 0 || x > p.num_indices;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < batch; i += blockDim.x) bad = bad || indptr[i] > indptr[i + 1];
-  if (__syncthreads_or(bad)) return;
-
   const int64_t base = indptr[0], pages = int64_t(indptr[batch]) - base;
-  const int64_t q0 = base + paged_decode_range_start(r, pages, ranges);
-  const int64_t q1 = base + paged_decode_range_start(r + 1, pages, ranges);
-  if (q0 >= q1) return;  // the whole CTA: no barrier below is reached
-  // The request holding position q0: the last b with indptr[b] <= q0 (it has pages, as q0 < indptr[batch]).
-  int lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (indptr[mid] <= q0) lo = mid; else hi = mid - 1;
+  bool uneven = false;
+  for (int i = threadIdx.x; i < batch; i += blockDim.x) {
+    bad = bad || indptr[i] > indptr[i + 1];
+    uneven = uneven || too_long_for_runs(indptr[i], indptr[i + 1], batch, pages);
   }
-  const uint32_t ring = smem_addr(ring_all + warp * kStages * L::kStageBytes);
+  if (__syncthreads_or(bad)) return;
+  // This CTA's group and range r in it: CTA group x ranges + r. A balanced batch takes
+  // batch x even_splits runs per group instead, numbered densely from CTA 0 in the order of a
+  // cut's tasks (the groups of one run side by side; the CTAs past them return at once): the
+  // first CTAs of a launch are spread one per SM, so working CTAs numbered sparsely (range r of
+  // every group) doubled up on some SMs and left others idle (h32_kv4 page size 16 32 x 2048: 128
+  // working CTAs of 264).
+  const bool runs = even_splits > 0 && !__syncthreads_or(uneven);
+  const int groups = gridDim.x / ranges;
+  if (runs && blockIdx.x >= groups * batch * even_splits) return;
+  const int group = runs ? blockIdx.x % groups : blockIdx.x / ranges;
+  const int r = runs ? blockIdx.x / groups : blockIdx.x % ranges;
+  const int chunk = group % head_chunks;
+  const int64_t kv_head = group / head_chunks;
+  const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
+  const int64_t head0 = kv_head * heads_per_kv + int64_t(chunk) * kPagedDecodeRows;
+  const int rows = static_cast<int>(min64(kPagedDecodeRows, heads_per_kv - int64_t(chunk) * kPagedDecodeRows));
+  const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
   const int64_t slot0 = (int64_t(group) * ranges + r) * 2;
+
+  // This range's pages, [q0, q1) of kv_indices, and the request holding q0 (`lo`). For a
+  // balanced batch: page run j = r % even_splits of request r / even_splits (equal runs of its
+  // pages).
+  int64_t q0, q1;
+  int lo = 0;
+  if (runs) {
+    lo = r / even_splits;
+    const int64_t first = indptr[lo], n_pages = indptr[lo + 1] - first, j = r % even_splits;
+    q0 = first + paged_decode_range_start(j, n_pages, even_splits);
+    q1 = first + paged_decode_range_start(j + 1, n_pages, even_splits);
+    if (q0 >= q1) return;  // the whole CTA: no barrier below is reached (the merge skips it too)
+  } else {
+    q0 = base + paged_decode_range_start(r, pages, ranges);
+    q1 = base + paged_decode_range_start(r + 1, pages, ranges);
+    if (q0 >= q1) return;
+    // The last b with indptr[b] <= q0 (it has pages, as q0 < indptr[batch]).
+    int hi = batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (indptr[mid] <= q0) lo = mid; else hi = mid - 1;
+    }
+  }
   for (int b = lo; b < batch && indptr[b] < q1; ++b) {
     const int32_t first = indptr[b], last = indptr[b + 1];
     if (last == first) continue;  // no pages: the merge writes it
@@ -726,28 +795,8 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
     const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
     const int part_begin = static_cast<int>((part0 - first) * p.page_size);
     const int part_end = static_cast<int>(min64(n, (part1 - first) * p.page_size));
-    int begin, end;
-    warp_run(part_begin, part_end, kWarps, warp, begin, end);
-
-    uint32_t qb[kKSteps][kHeadTiles][2];
-    load_q<T>(p, b, head0, rows, 0, qb);
-    const RequestPages rp = RequestPages::of(p.kv_indices + first, static_cast<int>(p.page_size), p.num_pages);
-    float o[kDimTiles][kHeadTiles][4], m[kHeadTiles][2], l[kHeadTiles][2];
-    bool bad_page = false;
-    stream_part<T, D, kStages, kHeadTiles>(p, rp, kv_head, begin, end, ring, qb, o, m, l, bad_page);
-    if (fold_token_warps<T, D, kStages, kHeadTiles, kWarps>(ring_all, o, m, l, bad_page)) {
-      bad_page = __any_sync(0xffffffffu, bad_page);
-      if (part0 == first && part1 == last) {
-        store_rows<T>(o, m, l, bad_page, rows, true,
-                      static_cast<T*>(p.out) + b * p.out_stride_b + head0 * p.out_stride_h, p.out_stride_h,
-                      p.lse + b * p.lse_stride_b + head0 * p.lse_stride_h, p.lse_stride_h);
-      } else {
-        const int64_t slot = slot0 + (part0 == q0 ? 0 : 1);
-        const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
-        store_rows<float>(o, m, l, bad_page, rows, true, p.workspace + slot * kPagedDecodeRows * D, D,
-                          p.workspace + slots * kPagedDecodeRows * D + slot * kPagedDecodeRows, 1);
-      }
-    }
+    ranges_part<T, D, kStages, kHeadTiles>(p, ring_all, b, first, kv_head, head0, rows, part_begin, part_end,
+                                           part0 == first && part1 == last, slot0 + (part0 == q0 ? 0 : 1), slots);
     __syncthreads();  // warp 0 has read the other rings' states: they may stream again
   }
 #else
@@ -893,59 +942,73 @@ __global__ void __launch_bounds__(kMergeThreads)
 // Second pass of a page-range plan: one group of D / 4 threads per (request, query head) row,
 // 256 / (D / 4) rows per block. A row whose request lies in one range was written by that range's
 // CTA and is left alone; otherwise the partials of ranges range_of(first) .. range_of(last - 1)
-// are merged in range order. Rows of requests without pages get zeros and lse -inf; those of a
-// request whose last page length is out of range, and every row of a batch whose kv_indptr is not
-// monotone or leaves [0, num_indices] (each block checks the whole array: the first kernel wrote
-// nothing then), get NaN.
+// are merged in range order (for a batch found balanced, with even_splits > 1: the request's runs in
+// order; with one, every row with pages was written). Rows of requests without pages get
+// zeros and lse -inf; those of a request whose last page length is out of range, and every row
+// of a batch whose kv_indptr is not monotone or leaves [0, num_indices] (each block checks the
+// whole array: the first kernel wrote nothing then), get NaN.
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeThreads)
-    paged_decode_ranges_merge_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges) {
-  // The layout checks read only inputs: they go ahead of the wait for the first kernel's writes.
+    paged_decode_ranges_merge_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
+                                     const int even_splits) {
+  // The layout checks read only inputs: they go ahead of the wait for the first kernel's writes,
+  // which this kernel's blocks may start as soon as that kernel's are all resident (it lets them).
   constexpr int kLanes = D / 4;
   constexpr int kRowsPerBlock = kMergeThreads / kLanes;
   const int batch = static_cast<int>(p.batch);
-  bool bad_batch = false;
+  const int64_t base = __ldg(p.kv_indptr), pages = int64_t(__ldg(p.kv_indptr + batch)) - base;
+  bool bad_batch = false, uneven = false;
   for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
     const int32_t x = __ldg(p.kv_indptr + i);
-    bad_batch = bad_batch || x < 0 || x > p.num_indices || (i < batch && x > __ldg(p.kv_indptr + i + 1));
+    bad_batch = bad_batch || x < 0 || x > p.num_indices;
+    if (i < batch) {
+      const int32_t next = __ldg(p.kv_indptr + i + 1);
+      bad_batch = bad_batch || x > next;
+      uneven = uneven || too_long_for_runs(x, next, batch, pages);
+    }
   }
   bad_batch = __syncthreads_or(bad_batch);
-  wait_for_previous_grid();
+  const bool even = even_splits > 0 && !__syncthreads_or(uneven);
   const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  if (row >= p.batch * p.num_qo_heads) return;
+  const bool in_batch = row < p.batch * p.num_qo_heads;
   const int dim = (threadIdx.x % kLanes) * 4;
-  const int64_t b = row / p.num_qo_heads, head = row % p.num_qo_heads;
+  const int64_t b = in_batch ? row / p.num_qo_heads : 0, head = row % p.num_qo_heads;
+  // The row's request, also read ahead of the wait: after it, only the partials.
+  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
+  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+  wait_for_previous_grid();
+  if (!in_batch) return;
   MergeState state;
   if (bad_batch) {
     state.bad = true;
-  } else {
-    const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
-    if (last > first) {
-      const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-      const int64_t base = __ldg(p.kv_indptr), pages = int64_t(__ldg(p.kv_indptr + batch)) - base;
-      const int64_t r0 = paged_decode_range_of(first - base, pages, ranges);
-      const int64_t r1 = paged_decode_range_of(last - 1 - base, pages, ranges);
-      if (tail < 1 || tail > p.page_size) {
-        state.bad = true;
-      } else if (r0 == r1) {
-        return;  // written by its range's CTA
-      } else {
-        const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
-        const int64_t kv_head = head / heads_per_kv, in_kv = head % heads_per_kv;
-        const int64_t group = kv_head * head_chunks + in_kv / kPagedDecodeRows;
-        const int64_t chunk_row = in_kv % kPagedDecodeRows;
-        const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
-        const float* lse_of = p.workspace + slots * kPagedDecodeRows * D;
+  } else if (last > first) {
+    const int64_t r0 = even ? b * even_splits : paged_decode_range_of(first - base, pages, ranges);
+    const int64_t r1 = even ? r0 + even_splits - 1 : paged_decode_range_of(last - 1 - base, pages, ranges);
+    if (tail < 1 || tail > p.page_size) {
+      state.bad = true;
+    } else if (r0 == r1) {
+      return;  // written by its range's CTA
+    } else {
+      const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
+      const int64_t kv_head = head / heads_per_kv, in_kv = head % heads_per_kv;
+      const int64_t group = kv_head * head_chunks + in_kv / kPagedDecodeRows;
+      const int64_t chunk_row = in_kv % kPagedDecodeRows;
+      const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
+      const float* lse_of = p.workspace + slots * kPagedDecodeRows * D;
 #pragma unroll 4
-        for (int64_t r = r0; r <= r1; ++r) {
-          const int64_t start = paged_decode_range_start(r, pages, ranges);
-          if (start == paged_decode_range_start(r + 1, pages, ranges)) continue;  // a range without pages
-          const bool starts_inside = r == r0 && first - base != start;
-          const int64_t slot = (group * ranges + r) * 2 + (starts_inside ? 1 : 0);
-          float o[4];
-          to_floats(load_vec<float, 4>(p.workspace + (slot * kPagedDecodeRows + chunk_row) * D + dim), o);
-          state.add(lse_of[slot * kPagedDecodeRows + chunk_row], o);
-        }
+      for (int64_t r = r0; r <= r1; ++r) {
+        // A range without pages wrote nothing; the first range's part is in slot 1 where the
+        // request starts inside it (never for the runs of a balanced batch, each of one request).
+        const int64_t start = even ? paged_decode_range_start(r - r0, last - first, even_splits)
+                                   : paged_decode_range_start(r, pages, ranges);
+        const int64_t next = even ? paged_decode_range_start(r - r0 + 1, last - first, even_splits)
+                                  : paged_decode_range_start(r + 1, pages, ranges);
+        if (start == next) continue;
+        const bool starts_inside = !even && r == r0 && first - base != start;
+        const int64_t slot = (group * ranges + r) * 2 + (starts_inside ? 1 : 0);
+        float o[4];
+        to_floats(load_vec<float, 4>(p.workspace + (slot * kPagedDecodeRows + chunk_row) * D + dim), o);
+        state.add(lse_of[slot * kPagedDecodeRows + chunk_row], o);
       }
     }
   }
@@ -1018,8 +1081,8 @@ int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int d
       return ring_smem(kernel, kRangesSmemBytes<T, D>, kPagedDecodeRangeWarps, device);
     });
     if (smem < 0) return -smem;
-    kernel<<<static_cast<unsigned>(plan.ctas), kPagedDecodeRangeWarps * 32, smem, stream>>>(p, plan.head_chunks,
-                                                                                            plan.ranges);
+    kernel<<<static_cast<unsigned>(plan.ctas), kPagedDecodeRangeWarps * 32, smem, stream>>>(
+        p, plan.head_chunks, plan.ranges, plan.even_splits);
     const int err = last_launch_status();
     if (err != 0) return err;
     constexpr int kRowsPerBlock = kMergeThreads / (D / 4);
@@ -1027,7 +1090,7 @@ int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int d
     const auto merge = paged_decode_ranges_merge_kernel<T, D>;
     const bool pdl = image_waits_for_previous_grid<paged_decode_ranges_merge_kernel<T, D>>(device);
     return static_cast<int>(launch_kernel(merge, dim3(static_cast<unsigned>(blocks)), dim3(kMergeThreads), 0, stream,
-                                          pdl, p, plan.head_chunks, plan.ranges));
+                                          pdl, p, plan.head_chunks, plan.ranges, plan.even_splits));
   }
 }
 
@@ -1098,7 +1161,10 @@ int launch_paged_decode_attention(const PagedDecodeParams& p, const PagedDecodeP
     return static_cast<int>(cudaErrorInvalidConfiguration);
   }
   if ((plan.splits > 1 || plan.ranges > 0) && p.workspace == nullptr) return static_cast<int>(cudaErrorInvalidValue);
-  if (plan.ranges > 0 && p.batch > kPagedDecodeRangesMaxBatch) return static_cast<int>(cudaErrorInvalidConfiguration);
+  if (plan.ranges > 0 && (p.batch > kPagedDecodeRangesMaxBatch || plan.even_splits < 0 ||
+                          p.batch * plan.even_splits > plan.ranges)) {
+    return static_cast<int>(cudaErrorInvalidConfiguration);
+  }
   DeviceGuard guard(device);
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   switch (p.head_dim) {

@@ -116,7 +116,8 @@ struct PagedDecodePlan {
   int splits = 0;
   int token_warps = 0;
   int64_t ctas = 0;
-  int ranges = 0;  // > 0: page ranges per KV head and head chunk (below) instead of splits
+  int ranges = 0;       // > 0: page ranges per KV head and head chunk (below) instead of splits
+  int even_splits = 0;  // with ranges: the runs per request the kernels take for a batch they find balanced
 };
 
 // Page ranges: a schedule that does not depend on how the batch's tokens are spread over its
@@ -130,6 +131,25 @@ struct PagedDecodePlan {
 // merges them in range order, and writes the rows of requests without pages and of a batch whose
 // kv_indptr is not monotone (NaN). A CTA keeps a copy of kv_indptr in shared memory, so batches
 // are limited to kPagedDecodeRangesMaxBatch requests.
+// Equal runs of pages rarely start where requests do, so a batch of even lengths would pay for
+// partials and a merge it does not need (every request crossing an edge) where a cut would read
+// each request whole. A plan with even_splits > 0 has the kernels check the lengths first (both
+// hold kv_indptr already): where the longest request has at most kPagedDecodeRunsMaxNum /
+// kPagedDecodeRunsMaxDen of the average pages, range r of every KV head takes run r % even_splits
+// of request r / even_splits instead (equal runs of the request's pages, cut into runs for the
+// warps as before), partials merged where even_splits > 1, and the CTAs past batch x
+// even_splits return at once (the plan keeps batch x even_splits within the wave's ranges, so
+// they cost no second wave). The bound is looser than the plan's even batches (5/4): in one wave
+// of memory-bound CTAs the longer requests' CTAs take the bandwidth the shorter ones leave, so
+// lengths up to 1.6 x the average still run faster per request than in equal page runs (h32_kv8
+// page size 16 32 x uniform lengths: 79.5 us at 1 x 4 against 88.3 in page runs; h32_kv4 page
+// size 1: 49.6 at 2 x 4 against 54.8; H200), while one request 21.6 x the average needs the page
+// runs (303.0 us at 1 x 4 against 83.9). Where between the two it turns is not measured; 2 x
+// the average is where the longest request's CTAs, streaming alone at the end, would take about
+// as long as the whole batch at full bandwidth (a lone four-warp CTA streams at about 1/120 of
+// an H200's bandwidth, and even runs give 256 CTAs).
+constexpr int64_t kPagedDecodeRunsMaxNum = 2;
+constexpr int64_t kPagedDecodeRunsMaxDen = 1;
 constexpr int kPagedDecodeRangeWarps = 4;
 constexpr int64_t kPagedDecodeRangesMaxBatch = 2048;
 constexpr int kPagedDecodeMaxRanges = 4096;
@@ -164,16 +184,19 @@ inline PagedDecodePlan paged_decode_plan(int64_t batch, int64_t num_qo_heads, in
   return p;
 }
 
-// A page-range plan with `ranges` per KV head and head chunk; head_chunks = 0 when out of range
-// (1 .. kPagedDecodeMaxRanges, head_dim <= 128, at most kPagedDecodeRangesMaxBatch requests).
+// A page-range plan with `ranges` per KV head and head chunk and `even_splits` splits per request
+// for a batch the GPU finds balanced (0: none); head_chunks = 0 when out of range (1 .. kPagedDecodeMaxRanges,
+// head_dim <= 128, at most kPagedDecodeRangesMaxBatch requests, batch x even_splits <= ranges).
 inline PagedDecodePlan paged_decode_ranges_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
-                                                int64_t head_dim, int ranges) {
+                                                int64_t head_dim, int ranges, int even_splits = 0) {
   PagedDecodePlan p = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (p.head_chunks == 0 || ranges < 1 || ranges > kPagedDecodeMaxRanges || paged_decode_warps(head_dim) != 1 ||
-      batch > kPagedDecodeRangesMaxBatch) {
+      batch > kPagedDecodeRangesMaxBatch || even_splits < 0 || even_splits > kPagedDecodeMaxSplits ||
+      batch * even_splits > ranges) {
     return PagedDecodePlan{};
   }
   p.ranges = ranges;
+  p.even_splits = even_splits;
   p.token_warps = kPagedDecodeRangeWarps;
   p.ctas = num_kv_heads * p.head_chunks * ranges;
   return p;
@@ -189,9 +212,10 @@ inline int paged_decode_wave_ranges(int64_t num_qo_heads, int64_t num_kv_heads, 
   return static_cast<int>(r > kPagedDecodeMaxRanges ? kPagedDecodeMaxRanges : r);
 }
 
-// The plan for a call on a GPU with `sms` multiprocessors, from the shapes alone (the lengths
-// live on the GPU; reading them would cost a synchronisation): `tokens` is num_indices *
-// page_size, an upper bound of the tokens in the batch (kv_indices may be a larger buffer).
+// The cut of a call on a GPU with `sms` multiprocessors (the plan, unless rule 5 below takes page
+// ranges), from the shapes alone (the lengths live on the GPU; reading them would cost a
+// synchronisation): `tokens` is num_indices * page_size, an upper bound of the tokens in the
+// batch (kv_indices may be a larger buffer).
 // There are batch * num_kv_heads * head_chunks tasks, and a wave of resident warps is
 // sms * kPagedDecodeWarpsPerSm. Each request's tokens are cut into `parts`, the fewest of:
 // 1. enough for the tasks' warps to make four waves (later waves even out unequal lengths). Also
@@ -237,9 +261,8 @@ inline int paged_decode_wave_ranges(int64_t num_qo_heads, int64_t num_kv_heads, 
 // h32_kv4_d128: batch 1 x 32768 -> 264 (66 x 4); batch 8 x 512 -> 16 (4 x 4), x 2048 .. 32768
 // -> 32 (8 x 4); batch 128 -> 4 (1 x 4). h8_kv1_d256: batch 128 x 2048 -> 16 splits; batch 8 x
 // 2048 -> 33; batch 1 x 512 -> 16, x 32768 -> 128. h16_kv8_d256: batch 128 -> 2 splits.
-inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
-                                                int64_t head_dim, int64_t tokens, int64_t page_size, int sms,
-                                                int64_t max_tokens = 0) {
+inline PagedDecodePlan paged_decode_cut(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim,
+                                        int64_t tokens, int64_t page_size, int sms, int64_t max_tokens = 0) {
   PagedDecodePlan one = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim, 1);
   if (one.head_chunks == 0 || batch < 1 || one.ctas < 1 || sms < 1) return one;
   const int64_t warps = paged_decode_warps(head_dim);
@@ -284,24 +307,56 @@ inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_he
   while (token_warps_fit && token_warps < kPagedDecodeMaxTokenWarps && 2 * token_warps <= parts) token_warps *= 2;
   const PagedDecodePlan cut = paged_decode_plan(batch, num_qo_heads, num_kv_heads, head_dim,
                                                 static_cast<int>(paged_decode_cdiv(parts, token_warps)), token_warps);
-  // Rule 5: where the caller says the batch is skewed (its longest request at least
-  // kPagedDecodeSkewedNum / kPagedDecodeSkewedDen x the average), that cut has splits and the tasks
-  // give three quarters of the SMs one, page ranges instead: one wave of CTAs over equal runs of
-  // the batch's pages, whatever the lengths. One long request among short ones is 1.3-2x faster
-  // that way (h32_kv8 page size 16 32 x tail, 21.6 x the average: 124.9 -> 98.5 us; h32_kv4 page
-  // size 1: 147.4 -> 74.4), but batches of lengths spread evenly lose 1-4% (32 x 2048: 101.4 ->
-  // 102.1 and 59.0 -> 59.9; 32 x uniform lengths, 1.6 x the average at most: 113.0 -> 116.9 and
-  // 65.2 -> 67.0; H100, bench/results/2026-11-28_h100_47d0cb8_paged_decode_cta_ranges/), so a
-  // batch whose lengths are not known keeps the cut. Fewer tasks keep it too: each range's
-  // partials are then merged through memory for most rows (8 x 2048 h32_kv4: 20.7 us cut, 30.4
-  // ranges).
-  const bool skewed = max_tokens > 0 && max_tokens * kPagedDecodeSkewedDen >= avg_tokens * kPagedDecodeSkewedNum;
-  if (skewed && cut.splits > 1 && 4 * one.ctas >= 3 * int64_t(sms)) {
-    const PagedDecodePlan ranged = paged_decode_ranges_plan(batch, num_qo_heads, num_kv_heads, head_dim,
-                                                            paged_decode_wave_ranges(num_qo_heads, num_kv_heads, sms));
-    if (ranged.head_chunks != 0) return ranged;
-  }
   return cut;
+}
+
+// The even_splits of a page-range plan of `ranges` per KV head and head chunk: the splits of the
+// cut for a batch whose lengths are all the average, where that cut has kPagedDecodeRangeWarps
+// warps per CTA and batch x its splits fit the ranges; else 0 (page runs whatever the lengths).
+inline int paged_decode_even_splits(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads, int64_t head_dim,
+                                    int64_t tokens, int64_t page_size, int sms, int ranges) {
+  if (batch < 1 || tokens < 1) return 0;
+  const PagedDecodePlan even = paged_decode_cut(batch, num_qo_heads, num_kv_heads, head_dim, tokens, page_size, sms,
+                                                paged_decode_cdiv(tokens, batch));
+  return even.head_chunks != 0 && even.token_warps == kPagedDecodeRangeWarps && batch * even.splits <= ranges
+             ? even.splits
+             : 0;
+}
+
+// The plan: the cut above, or page ranges (rule 5) where that cut has splits, the tasks give
+// three quarters of the SMs one, and the caller says the batch is skewed (its longest request at
+// least kPagedDecodeSkewedNum / kPagedDecodeSkewedDen x the average) or does not say how long
+// its longest request is. Page ranges bound the worst case: one long request among short ones
+// streams over every SM instead of a few (h32_kv8 page size 16, 32 x tail, 21.6 x the average:
+// 116.5 us in the cut, 79.4-86.2 in ranges; h32_kv4 page size 1: 147.4 -> 65.2-77.4; H200). Without
+// the hint the kernels also check the lengths (even_splits: the even cut's splits, where that cut
+// has kPagedDecodeRangeWarps warps per CTA and fits the wave), and a batch whose longest request
+// has at most twice the average pages takes runs per request instead of equal page runs. Against
+// the cut the shapes alone give (same run, H200, bench/results/2026-11-28_h200_aa4f5e6_paged_decode_balanced_runs/):
+// even batches 0.94-1.02x the time (h32_kv8 32 x 2048: 75.5 -> 71.3 us), skewed ones 0.68-0.94x
+// (0.53-0.74x against the plan's own cut of them, 3 x 4, timed in an earlier run), but lengths
+// spread uniformly up to 1.6 x the average 1.06-1.16x (h32_kv8 32 x uniform: 81.7
+// -> 86.5 us; its four waves of splits even them out better than one wave can); a caller who
+// knows the batch is neither skewed nor even (max_kv_len) keeps the cut. Fewer tasks keep it
+// too: each range's partials are then merged through memory for most rows (8 x 2048 h32_kv4:
+// 20.7 us cut, 30.4 ranges).
+inline PagedDecodePlan choose_paged_decode_plan(int64_t batch, int64_t num_qo_heads, int64_t num_kv_heads,
+                                                int64_t head_dim, int64_t tokens, int64_t page_size, int sms,
+                                                int64_t max_tokens = 0) {
+  const PagedDecodePlan cut =
+      paged_decode_cut(batch, num_qo_heads, num_kv_heads, head_dim, tokens, page_size, sms, max_tokens);
+  if (cut.head_chunks == 0 || cut.splits < 2) return cut;
+  const int64_t avg_tokens = paged_decode_cdiv(tokens, batch);
+  const bool skewed = max_tokens > 0 && max_tokens * kPagedDecodeSkewedDen >= avg_tokens * kPagedDecodeSkewedNum;
+  const int64_t tasks = batch * num_kv_heads * cut.head_chunks;
+  if (!(skewed || max_tokens == 0) || 4 * tasks < 3 * int64_t(sms)) return cut;
+  const int ranges = paged_decode_wave_ranges(num_qo_heads, num_kv_heads, sms);
+  const int even_splits = max_tokens == 0 ? paged_decode_even_splits(batch, num_qo_heads, num_kv_heads, head_dim,
+                                                                     tokens, page_size, sms, ranges)
+                                          : 0;
+  const PagedDecodePlan ranged =
+      paged_decode_ranges_plan(batch, num_qo_heads, num_kv_heads, head_dim, ranges, even_splits);
+  return ranged.head_chunks != 0 ? ranged : cut;
 }
 
 // fp32 elements of workspace a plan needs: a normalised output row and its lse per split and

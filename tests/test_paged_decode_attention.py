@@ -434,12 +434,15 @@ def test_plan_of_the_decode_shapes(batch, tokens, parts, splits, token_warps):
     64 tokens per part: batch 1 x 32768) or 16 parts, whichever is more, each part keeping at
     least 128 tokens of an average request (8 with at most 33 tasks: batch 1 to 4); up to 4 of
     the parts are warps of one CTA, the rest splits (the examples in the header)."""
-    p = plan(batch, 32, 8, tokens)
+    p = plan(batch, 32, 8, tokens, page_ranges=False)
     assert splits == -(-parts // token_warps)
     assert (p["head_chunks"], p["splits"], p["token_warps"], p["warps_per_cta"], p["ranges"]) == \
         (1, splits, token_warps, token_warps, 0), p
     assert p["ctas"] == batch * 8 * splits
     assert p["workspace"] == (splits * batch * 32 * 129 if splits > 1 else 0)
+    # Where the GPU has the shared memory for page ranges, the one cut here with splits and
+    # 3/4 of the SMs' worth of tasks (32 x 2048) takes them (test_plan_without_lengths).
+    assert plan(batch, 32, 8, tokens) == p or (batch, tokens) == (32, 32 * 2048)
 
 
 @pytest.mark.parametrize("batch, context, splits",
@@ -472,8 +475,8 @@ def test_plan_heads_and_dims():
     # Tasks whose token warps fill a wave without a split take none: 512 tasks x 4 token warps
     # (h32_kv4 at batch 128; 256 tasks at batch 64 still split). Not without token warps (256
     # dims), where splits are what even out unequal lengths.
-    assert [(plan(b, 32, 4, b * 2048)["splits"], plan(b, 32, 4, b * 2048)["token_warps"]) for b in (64, 128)] == \
-        [(4, 4), (1, 4)]
+    cuts = [plan(b, 32, 4, b * 2048, page_ranges=False) for b in (64, 128)]
+    assert [(p["splits"], p["token_warps"]) for p in cuts] == [(4, 4), (1, 4)]
     assert [plan(b, 16, 8, b * 2048, head_dim=256)["splits"] for b in (64, 128)] == [4, 2]
     one = plan(1, 8, 1, 1 << 20)  # one task: capped by the most splits
     assert (one["splits"], one["token_warps"]) == (128, 4)
@@ -490,7 +493,7 @@ def test_plan_with_even_lengths():
     plan of the shapes."""
     def cut(batch, hq, hkv, context, max_tokens, head_dim=128, tokens=None, page_size=1):
         p = plan(batch, hq, hkv, tokens if tokens is not None else batch * context, head_dim=head_dim,
-                 max_tokens=max_tokens, page_size=page_size)
+                 max_tokens=max_tokens, page_size=page_size, page_ranges=max_tokens > 0)
         return ("ranges", p["ranges"]) if p["ranges"] else (p["splits"], p["token_warps"])
     # h32_kv8 32 x 2048 and 32 x 8192, h32_kv4 64 x 2048: 256 tasks on 132 SMs, at every page size.
     for batch, hkv, context in ((32, 8, 2048), (32, 8, 8192), (64, 4, 2048)):
@@ -539,14 +542,41 @@ def test_plan_with_skewed_lengths():
     assert ranges(32, 8, 1520, 32768) == 33 and ranges(32, 4, 1520, 32768) == 66  # 32 x tail
     assert ranges(32, 8, 1520, 4 * 1520) == 33 and ranges(32, 8, 1520, 4 * 1520 - 1) == 0
     assert ranges(32, 8, 2310, 3796) == 0  # 32 x uniform lengths: 1.6 x the average at most
-    assert ranges(32, 8, 1520, 0) == 0  # not known
     assert ranges(12, 8, 1520, 32768) == 0 and ranges(13, 8, 1520, 32768) == 33  # 96 tasks < 99 <= 104
     assert ranges(8, 4, 1520, 32768) == 0  # 32 tasks: the cut
     assert ranges(128, 8, 512, 32768) == 0  # one split anyway (1 x 4)
     assert ranges(32, 8, 1520, 32768, head_dim=256) == 0  # splits only
     p = plan(32, 32, 8, 32 * 1520, max_tokens=32768)
-    assert (p["splits"], p["token_warps"], p["warps_per_cta"], p["ctas"], p["workspace"]) == \
-        (1, 4, 4, 8 * 33, 2 * 8 * 33 * 16 * 129)
+    assert (p["splits"], p["token_warps"], p["warps_per_cta"], p["ctas"], p["workspace"], p["even_splits"]) == \
+        (1, 4, 4, 8 * 33, 2 * 8 * 33 * 16 * 129, 0)  # told it is skewed: no check of the lengths on the GPU
+    assert plan(32, 32, 8, 32 * 1520, max_tokens=32768, page_ranges=False)["ranges"] == 0
+
+
+def test_plan_without_lengths():
+    """A caller that does not say how long its longest request is gets page ranges wherever a
+    skewed batch would (the cut hedges with splits, and the tasks give 3/4 of the SMs one), with
+    the splits of the cut an even batch takes (even_splits) for the kernels to use if they find
+    the batch balanced (the longest request at most twice the average pages): one at 256 tasks
+    (1 x 4, h32_kv8 32 x 2048), two for 128 tasks where pages hold less than a step (h32_kv4
+    32 x 2048 at page size 1), one where they hold whole steps. None where that cut has fewer
+    than four warps or more CTAs than the wave's ranges."""
+    def ranged(batch, hq, hkv, context, page_size=1, head_dim=128, sms=132):
+        p = plan(batch, hq, hkv, batch * context, page_size=page_size, head_dim=head_dim, sms=sms)
+        return (p["ranges"], p["even_splits"])
+    for page_size in (1, 16, 64):
+        assert ranged(32, 32, 8, 2048, page_size) == ranged(32, 32, 8, 8192, page_size) == (33, 1)
+        assert ranged(64, 32, 4, 2048, page_size) == (66, 1)
+    assert ranged(32, 32, 4, 2048, 1) == ranged(32, 32, 4, 2048, 5) == (66, 2)
+    assert ranged(32, 32, 4, 2048, 16) == (66, 1)
+    assert ranged(13, 32, 8, 2048, 1) == (33, 2) and ranged(16, 32, 8, 2048, 1) == (33, 2)  # 104, 128 tasks
+    assert ranged(17, 32, 8, 2048, 1) == (33, 0)  # 136 tasks: its even cut (4 x 4) hedges too
+    assert ranged(128, 5, 1, 2048) == (264, 2) and ranged(128, 5, 1, 2048, 16) == (264, 1)  # h5_kv1: 264 ranges
+    # The cut stays where it has no splits, with fewer tasks than 3/4 of the SMs, and at 256 dims.
+    assert ranged(128, 32, 8, 2048) == ranged(32, 32, 8, 512) == ranged(12, 32, 8, 2048) == (0, 0)
+    assert ranged(32, 16, 8, 2048, head_dim=256) == (0, 0)
+    # A hint of even lengths takes the even cut; one of lengths neither even nor skewed, the cut.
+    assert plan(32, 32, 8, 32 * 2048, max_tokens=2048)["ranges"] == 0
+    assert plan(32, 32, 8, 32 * 2310, max_tokens=3796)["ranges"] == 0
 
 
 def test_forced_plans():
@@ -584,6 +614,19 @@ def test_forced_page_ranges():
     with pytest.raises(ValueError, match="batch <= 2048"):
         plan(2049, 32, 8, 300, splits=0)
     assert plan(3, 32, 8, 300)["ranges"] == 0
+    # even_splits: the plan's (-1, the default), none (0), or forced where batch x even_splits
+    # fits the ranges; for page ranges only.
+    assert plan(32, 32, 8, 32 * 2048, splits=0)["even_splits"] == 1
+    assert plan(32, 32, 4, 32 * 2048, splits=0)["even_splits"] == 2
+    assert plan(32, 32, 8, 32 * 2048, splits=0, token_warps=31)["even_splits"] == 0  # 32 requests > 31 ranges
+    assert plan(32, 32, 8, 32 * 2048, splits=0, even_splits=0)["even_splits"] == 0
+    p = plan(3, 32, 8, 300, splits=0, token_warps=12, even_splits=4)
+    assert (p["even_splits"], p["ctas"], p["workspace"]) == (4, 8 * 12, 2 * 12 * 8 * 16 * 129)
+    for bad in (dict(even_splits=5), dict(even_splits=-2), dict(token_warps=2, even_splits=1)):
+        with pytest.raises(ValueError, match="even_splits"):
+            plan(3, 32, 8, 300, splits=0, **{"token_warps": 12, **bad})
+    with pytest.raises(ValueError, match="even_splits=1 is for page ranges"):
+        plan(3, 32, 8, 300, splits=2, even_splits=1)
 
 
 # --- torch.library / torch.compile -----------------------------------------------------------
@@ -839,17 +882,17 @@ def test_every_split_count(seed, splits, token_warps, config):
     check((out, lse), problem, "cuda", seed, f"splits={splits} token_warps={token_warps} {problem.lengths}")
 
 
-def run_forced(problem, args, splits, token_warps, last=None, layout="strided"):
+def run_forced(problem, args, splits, token_warps, last=None, layout="strided", even_splits=-1):
     """The raw CUDA call with a forced plan, its workspace NaN-poisoned; (out, lse) after a sync."""
     out, lse = poisoned_outputs(problem, "cuda", layout)
     last = problem.kv_last_page_len.cuda() if last is None else last
     scale = 1 / math.sqrt(problem.q.shape[2])
     stream = torch.cuda.current_stream().cuda_stream
-    need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, splits, token_warps)
+    plan = dict(splits=splits, token_warps=token_warps) | (dict(even_splits=even_splits) if splits == 0 else {})
+    need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, **plan)
     if need:
         workspace = torch.full((need,), float("nan"), device="cuda")
-        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, splits,
-                                         token_warps) == 0
+        assert _C.paged_decode_attention(out, lse, *args, last, workspace, scale, stream, True, **plan) == 0
     torch.cuda.synchronize()
     return out, lse
 
@@ -860,22 +903,76 @@ def run_forced(problem, args, splits, token_warps, last=None, layout="strided"):
                                     (8, 2, 128, 48)],
                          ids=lambda c: "h{}_kv{}_d{}_ps{}".format(*c))
 def test_page_ranges(seed, ranges, config):
-    """Page-range plans (equal runs of the batch's pages per CTA, whatever the lengths): requests
-    held by one range and by many, requests without pages, ranges without pages (4096 of them
-    for a few hundred pages), two chunks of query heads per KV head (h40_kv2), a workspace
-    NaN-poisoned; a bad page id in one request makes that request NaN and leaves the others bit
-    for bit as they were."""
+    """Page-range plans (equal runs of the batch's pages per CTA, whatever the lengths; no check
+    for a balanced batch): requests held by one range and by many, requests without pages, ranges
+    without pages (4096 of them for a few hundred pages), two chunks of query heads per KV head
+    (h40_kv2), a workspace NaN-poisoned; a bad page id in one request makes that request NaN and
+    leaves the others bit for bit as they were."""
     problem = random_problem(torch.Generator().manual_seed(seed), config, torch.bfloat16, batch=9, longest=700)
     args = list(problem.args("cuda"))
-    good = run_forced(problem, args, 0, ranges)
+    good = run_forced(problem, args, 0, ranges, even_splits=0)
     check(good, problem, "cuda", seed, f"ranges={ranges} {problem.lengths}")
     bad_request = next(b for b in range(problem.q.shape[0]) if problem.lengths[b] > 0)
     args[4] = args[4].clone()
     args[4][int(problem.kv_indptr[bad_request + 1]) - 1] = problem.num_pages  # its last page: one past the end
-    out, lse = run_forced(problem, args, 0, ranges)
+    out, lse = run_forced(problem, args, 0, ranges, even_splits=0)
     assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
     keep = torch.arange(problem.q.shape[0]) != bad_request
     assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+
+
+EVEN_CONFIGS = [((32, 8, 128, 16), 1), ((32, 4, 128, 1), 2), ((40, 2, 128, 5), 3), ((6, 1, 64, 3), 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["even", "at the bound", "past the bound", "a request without pages", "a bad page",
+                                  "a bad last page length"])
+@pytest.mark.parametrize("config, even_splits", EVEN_CONFIGS,
+                         ids=[f"h{h}_kv{kv}_d{d}_ps{ps}_even{k}" for (h, kv, d, ps), k in EVEN_CONFIGS])
+def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
+    """A page-range plan with even_splits checks the lengths on the GPU: where the longest request
+    has at most twice the average pages, range r takes run r % even_splits of request
+    r / even_splits (bit for bit what the cut of one split x 4 warps gives, where even_splits is
+    one), else the page runs (bit for bit what even_splits=0 gives). A request without pages gets
+    zeros and lse -inf; a bad page id or last page length makes its request NaN only."""
+    hq, hkv, head_dim, page_size = config
+    gen = torch.Generator().manual_seed(seed)
+    batch = 12
+    pages = torch.randint(9, 12, (batch,), generator=gen).tolist()
+    if kind == "a request without pages":
+        pages = [10] * batch
+    if kind in ("at the bound", "past the bound"):
+        others = sum(pages[1:])
+        longest = max(n for n in range(1, 100) if n * batch <= 2 * (others + n))  # the kernels' test, in pages
+        pages[0] = longest + (kind == "past the bound")
+    if kind == "a request without pages":
+        pages[4] = 0
+    assert (max(n * batch for n in pages) <= 2 * sum(pages)) == (kind != "past the bound"), pages
+    lengths = [(n - 1) * page_size + int(torch.randint(1, page_size + 1, (), generator=gen)) if n else 0
+               for n in pages]
+    problem = Problem(gen, lengths, hq, hkv, head_dim, page_size, torch.bfloat16)
+    args = list(problem.args("cuda"))
+    good = run_forced(problem, args, 0, -1, even_splits=even_splits)
+    check(good, problem, "cuda", seed, f"even_splits={even_splits} {kind} {lengths}")
+    if kind == "past the bound":
+        same = run_forced(problem, args, 0, -1, even_splits=0)
+    elif even_splits == 1:
+        same = run_forced(problem, args, 1, 4)
+    else:
+        same = None
+    if same is not None:
+        assert torch.equal(good[0], same[0]) and torch.equal(good[1], same[1]), f"{kind} {replay(seed)}"
+    if kind in ("a bad page", "a bad last page length"):
+        last = problem.kv_last_page_len.cuda().clone()
+        if kind == "a bad page":
+            args[4] = args[4].clone()
+            args[4][int(problem.kv_indptr[4]) + 2] = problem.num_pages
+        else:
+            last[4] = page_size + 1
+        out, lse = run_forced(problem, args, 0, -1, last=last, even_splits=even_splits)
+        assert torch.isnan(out[4]).all() and torch.isnan(lse[4]).all(), replay(seed)
+        keep = torch.arange(batch) != 4
+        assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
 
 
 @pytest.mark.gpu
@@ -907,22 +1004,25 @@ def test_page_ranges_bad_layouts_give_nan(seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hkv, batch, hint", [(8, 32, "exact"), (4, 64, "exact"), (8, 32, "too short"),
-                                              (8, 32, "too long"), (4, 32, "skewed")], ids=str)
+                                              (8, 32, "too long"), (4, 32, "skewed"), (8, 32, "none, even"),
+                                              (4, 32, "none, uneven")], ids=str)
 def test_cuda_max_kv_len_changes_only_the_plan(seed, hkv, batch, hint):
     """max_kv_len picks the cut, not the result: even batches with the true longest length, a
-    skewed one with it (page ranges), and batches told a wrong one (too short, so skewed ones lose
-    the splits they need; too long: page ranges), all match the CPU op."""
+    skewed one with it (page ranges), batches told a wrong one (too short, so skewed ones lose
+    the splits they need; too long: page ranges), and batches without it (page ranges that check
+    the lengths on the GPU), all match the CPU op."""
     gen = torch.Generator().manual_seed(seed)
-    lengths = [2048] * batch if hint == "exact" else torch.randint(1, 4096, (batch,), generator=gen).tolist()
+    even = hint in ("exact", "none, even")
+    lengths = [2048] * batch if even else torch.randint(1, 4096, (batch,), generator=gen).tolist()
     if hint in ("too short", "skewed"):
         lengths[0] = 20000
     problem = Problem(gen, lengths, 32, hkv, 128, 16, torch.bfloat16)
-    max_kv_len = {"exact": max(lengths), "skewed": max(lengths), "too short": 2048, "too long": 1 << 40}[hint]
-    if hint in ("skewed", "too long"):
+    max_kv_len = {"exact": max(lengths), "skewed": max(lengths), "too short": 2048, "too long": 1 << 40}.get(hint)
+    if hint not in ("exact", "too short"):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         p = _C.paged_decode_attention_plan(batch, 32, hkv, 128, problem.kv_indices.numel() * 16, 16, sms,
-                                           max_tokens=max_kv_len)
-        assert p["ranges"] > 0, p
+                                           max_tokens=max_kv_len or 0)
+        assert p["ranges"] > 0 and (p["even_splits"] > 0) == (max_kv_len is None), p
     got = run(problem, "cuda", max_kv_len=max_kv_len)
     cpu = opforge.paged_decode_attention(*problem.args(), **problem.kwargs())
     scale = float(cpu[0].float().abs().max())

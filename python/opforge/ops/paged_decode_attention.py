@@ -272,9 +272,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     [batch, num_qo_heads] float32 (base-2 log-sum-exp). max_kv_len: the longest request's tokens,
     if the caller knows it (as a serving loop that schedules the batch does; flash-attn's
     max_seqlen_k): the CUDA plan reads no lengths from the GPU, so with it a batch of even
-    lengths is cut for its own sake instead of hedging against one long request, and a batch
-    whose longest request is 4x its average or more is cut into equal runs of its pages (page
-    ranges). Only the speed depends on it: any value gives the same results. backend: "auto" (the kernel for the
+    lengths is cut for its own sake, one of lengths spread less than 4x its average keeps the cut
+    that evens them out in waves, and one whose longest request is 4x its average or more is cut
+    into equal runs of its pages (page ranges). Without it, batches large enough for page ranges
+    take them, and the kernels look at the lengths: runs per request where the longest request
+    has at most twice the average pages, equal page runs where it has more. Only the speed
+    depends on it: any value gives the same results. backend: "auto" (the kernel for the
     tensors' device), "cuda", "cpu" or "torch" (plain PyTorch). skip_check=True skips the
     Python-level checks, including the synchronising check of a CUDA layout's values.
 
