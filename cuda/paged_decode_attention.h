@@ -332,7 +332,7 @@ inline int paged_decode_even_splits(int64_t batch, int64_t num_qo_heads, int64_t
 // the hint the kernels also check the lengths (even_splits: the even cut's splits, where that cut
 // has kPagedDecodeRangeWarps warps per CTA and fits the wave), and a batch whose longest request
 // has at most twice the average pages takes runs per request instead of equal page runs. Against
-// the cut the shapes alone give (same run, H200, bench/results/2026-11-28_h200_aa4f5e6_paged_decode_balanced_runs/):
+// the cut the shapes alone give (same run, H200, bench/results/2026-11-28_h200_9bb02b9_paged_decode_balanced_runs/):
 // even batches 0.94-1.02x the time (h32_kv8 32 x 2048: 75.5 -> 71.3 us), skewed ones 0.68-0.94x
 // (0.53-0.74x against the plan's own cut of them, 3 x 4, timed in an earlier run), but lengths
 // spread uniformly up to 1.6 x the average 1.06-1.16x (h32_kv8 32 x uniform: 81.7
