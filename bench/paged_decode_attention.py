@@ -58,8 +58,10 @@ from roofline import add_output_args, collect_meta, fmt, safe, start, write as w
 BATCHES = (1, 8, 32, 128)
 CONTEXTS = (512, 2048, 8192, 32768)
 #: (label, batch, context): "uniform" lengths in [1, 2 x context]; "tail": one request of 16
-#: x context tokens among batch - 1 of context / 4.
+#: x context tokens among batch - 1 of context / 4. Also on request (--cases 32xskew3): "skewR",
+#: one request of R x SKEW_CONTEXT tokens among batch - 1 of SKEW_CONTEXT.
 MIXES = (("uniform", 8, 8192), ("uniform", 32, 2048), ("uniform", 128, 2048), ("tail", 32, 2048))
+SKEW_CONTEXT = 2048
 DRY_GRID = ((1, 40), (3, 100))
 DRY_MIXES = (("uniform", 3, 64), ("tail", 4, 32))
 TARGETS = {"long": 75.0, "short": 50.0}  # % of copy at batch >= 32: context >= 2048 / context 512
@@ -79,6 +81,8 @@ def lengths_for(kind: str, batch: int, context: int, gen: torch.Generator) -> li
         return torch.randint(1, 2 * context + 1, (batch,), generator=gen).tolist()
     if kind == "tail":
         return [16 * context] + [max(context // 4, 1)] * (batch - 1)
+    if kind.startswith("skew"):
+        return [round(float(kind[4:]) * context)] + [context] * (batch - 1)
     raise AssertionError(kind)
 
 
@@ -473,8 +477,9 @@ def parse_args(argv=None):
                         "run keeps its tiny grid)")
     p.add_argument("--contexts", type=_int_list, default=CONTEXTS,
                    help=f"comma-separated context lengths of that grid (default {_csv(CONTEXTS)})")
-    p.add_argument("--cases", help="comma-separated cases to run, BATCHxCONTEXT or BATCHxMIX (32x2048, 8xuniform); "
-                                   "default: all")
+    p.add_argument("--cases", help="comma-separated cases to run, BATCHxCONTEXT or BATCHxMIX (32x2048, 8xuniform), "
+                                   f"or BATCHxskewR: one request of R x {SKEW_CONTEXT} tokens among BATCH - 1 of "
+                                   f"{SKEW_CONTEXT} (32xskew3); default: all")
     p.add_argument("--impls", help=f"comma-separated implementations to time, of {', '.join(IMPLS)}; default: all "
                                    "(opforge always runs: the targets are its)")
     args = p.parse_args(argv)
@@ -525,6 +530,10 @@ def main(argv=None) -> int:
     cases = [(kind, lengths_for(kind, b, c, gen), case_key(kind, b, c)) for kind, b, c in specs]
     if args.cases:
         wanted = {name.strip().replace("×", "x") for name in args.cases.split(",") if name.strip()}
+        for name in sorted(wanted):
+            batch, _, kind = name.partition("x")
+            if kind.startswith("skew") and batch.isdigit() and kind[4:].replace(".", "", 1).isdigit():
+                cases.append((kind, lengths_for(kind, int(batch), SKEW_CONTEXT, gen), name))
         unknown = wanted - {key for _, _, key in cases}
         if unknown:
             print(f"--cases: no case named {', '.join(sorted(unknown))} (known: "
