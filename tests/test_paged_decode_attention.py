@@ -556,7 +556,7 @@ def test_plan_without_lengths():
     """A caller that does not say how long its longest request is gets page ranges wherever a
     skewed batch would (the cut hedges with splits, and the tasks give 3/4 of the SMs one), with
     the splits of the cut an even batch takes (even_splits) for the kernels to use if they find
-    the batch balanced (the longest request at most twice the average pages): one at 256 tasks
+    the batch balanced (the longest request at most 7/4 of the average pages): one at 256 tasks
     (1 x 4, h32_kv8 32 x 2048), two for 128 tasks where pages hold less than a step (h32_kv4
     32 x 2048 at page size 1), one where they hold whole steps. None where that cut has fewer
     than four warps or more CTAs than the wave's ranges."""
@@ -627,6 +627,13 @@ def test_forced_page_ranges():
             plan(3, 32, 8, 300, splits=0, **{"token_warps": 12, **bad})
     with pytest.raises(ValueError, match="even_splits=1 is for page ranges"):
         plan(3, 32, 8, 300, splits=2, even_splits=1)
+    # merge_kernel: page ranges merged by the second kernel where their own grid could (tests,
+    # tuning); never chosen by the plan.
+    assert plan(32, 32, 8, 32 * 2048, splits=0, merge_kernel=True)["merge_kernel"] is True
+    assert plan(32, 32, 8, 32 * 2048)["merge_kernel"] is False
+    for forced in (dict(splits=2), dict(splits=-1), dict(splits=1, token_warps=4)):
+        with pytest.raises(ValueError, match="merge_kernel=True is for page ranges"):
+            plan(3, 32, 8, 300, merge_kernel=True, **forced)
 
 
 # --- torch.library / torch.compile -----------------------------------------------------------
@@ -882,13 +889,15 @@ def test_every_split_count(seed, splits, token_warps, config):
     check((out, lse), problem, "cuda", seed, f"splits={splits} token_warps={token_warps} {problem.lengths}")
 
 
-def run_forced(problem, args, splits, token_warps, last=None, layout="strided", even_splits=-1):
-    """The raw CUDA call with a forced plan, its workspace NaN-poisoned; (out, lse) after a sync."""
+def run_forced(problem, args, splits, token_warps, last=None, layout="strided", even_splits=-1, merge_kernel=False):
+    """The raw CUDA call with a forced plan, its workspace NaN-poisoned; (out, lse) after a sync.
+    merge_kernel: page ranges merged by the second kernel, not by their own grid."""
     out, lse = poisoned_outputs(problem, "cuda", layout)
     last = problem.kv_last_page_len.cuda() if last is None else last
     scale = 1 / math.sqrt(problem.q.shape[2])
     stream = torch.cuda.current_stream().cuda_stream
-    plan = dict(splits=splits, token_warps=token_warps) | (dict(even_splits=even_splits) if splits == 0 else {})
+    plan = dict(splits=splits, token_warps=token_warps) | (
+        dict(even_splits=even_splits, merge_kernel=merge_kernel) if splits == 0 else {})
     need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, **plan)
     if need:
         workspace = torch.full((need,), float("nan"), device="cuda")
@@ -912,13 +921,24 @@ def test_page_ranges(seed, ranges, config):
     args = list(problem.args("cuda"))
     good = run_forced(problem, args, 0, ranges, even_splits=0)
     check(good, problem, "cuda", seed, f"ranges={ranges} {problem.lengths}")
+    assert_same_merges(good, problem, args, 0, ranges, even_splits=0)
     bad_request = next(b for b in range(problem.q.shape[0]) if problem.lengths[b] > 0)
     args[4] = args[4].clone()
     args[4][int(problem.kv_indptr[bad_request + 1]) - 1] = problem.num_pages  # its last page: one past the end
-    out, lse = run_forced(problem, args, 0, ranges, even_splits=0)
-    assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
-    keep = torch.arange(problem.q.shape[0]) != bad_request
-    assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+    for merge_kernel in (False, True):
+        out, lse = run_forced(problem, args, 0, ranges, even_splits=0, merge_kernel=merge_kernel)
+        assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
+        keep = torch.arange(problem.q.shape[0]) != bad_request
+        assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+
+
+def assert_same_merges(got, problem, args, splits, token_warps, **plan):
+    """A page-range plan's rows bit for bit the same whether its own grid merged them (behind a
+    grid-wide barrier, or none for one run per request) or the second kernel did."""
+    other = run_forced(problem, args, splits, token_warps, merge_kernel=True, **plan)
+    assert torch.equal(got[0], other[0]), f"out differs between the merges; {problem.lengths}"
+    assert torch.equal(got[1].nan_to_num(), other[1].nan_to_num()) and \
+        torch.equal(got[1].isnan(), other[1].isnan()), f"lse differs between the merges; {problem.lengths}"
 
 
 EVEN_CONFIGS = [((32, 8, 128, 16), 1), ((32, 4, 128, 1), 2), ((40, 2, 128, 5), 3), ((6, 1, 64, 3), 1)]
@@ -931,7 +951,7 @@ EVEN_CONFIGS = [((32, 8, 128, 16), 1), ((32, 4, 128, 1), 2), ((40, 2, 128, 5), 3
                          ids=[f"h{h}_kv{kv}_d{d}_ps{ps}_even{k}" for (h, kv, d, ps), k in EVEN_CONFIGS])
 def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
     """A page-range plan with even_splits checks the lengths on the GPU: where the longest request
-    has at most twice the average pages, range r takes run r % even_splits of request
+    has at most 7/4 of the average pages, range r takes run r % even_splits of request
     r / even_splits (bit for bit what the cut of one split x 4 warps gives, where even_splits is
     one), else the page runs (bit for bit what even_splits=0 gives). A request without pages gets
     zeros and lse -inf; a bad page id or last page length makes its request NaN only."""
@@ -943,17 +963,18 @@ def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
         pages = [10] * batch
     if kind in ("at the bound", "past the bound"):
         others = sum(pages[1:])
-        longest = max(n for n in range(1, 100) if n * batch <= 2 * (others + n))  # the kernels' test, in pages
+        longest = max(n for n in range(1, 100) if 4 * n * batch <= 7 * (others + n))  # the kernels' test, in pages
         pages[0] = longest + (kind == "past the bound")
     if kind == "a request without pages":
         pages[4] = 0
-    assert (max(n * batch for n in pages) <= 2 * sum(pages)) == (kind != "past the bound"), pages
+    assert (4 * max(n * batch for n in pages) <= 7 * sum(pages)) == (kind != "past the bound"), pages
     lengths = [(n - 1) * page_size + int(torch.randint(1, page_size + 1, (), generator=gen)) if n else 0
                for n in pages]
     problem = Problem(gen, lengths, hq, hkv, head_dim, page_size, torch.bfloat16)
     args = list(problem.args("cuda"))
     good = run_forced(problem, args, 0, -1, even_splits=even_splits)
     check(good, problem, "cuda", seed, f"even_splits={even_splits} {kind} {lengths}")
+    assert_same_merges(good, problem, args, 0, -1, even_splits=even_splits)
     if kind == "past the bound":
         same = run_forced(problem, args, 0, -1, even_splits=0)
     elif even_splits == 1:
@@ -969,10 +990,11 @@ def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
             args[4][int(problem.kv_indptr[4]) + 2] = problem.num_pages
         else:
             last[4] = page_size + 1
-        out, lse = run_forced(problem, args, 0, -1, last=last, even_splits=even_splits)
-        assert torch.isnan(out[4]).all() and torch.isnan(lse[4]).all(), replay(seed)
-        keep = torch.arange(batch) != 4
-        assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+        for merge_kernel in (False, True):
+            out, lse = run_forced(problem, args, 0, -1, last=last, even_splits=even_splits, merge_kernel=merge_kernel)
+            assert torch.isnan(out[4]).all() and torch.isnan(lse[4]).all(), replay(seed)
+            keep = torch.arange(batch) != 4
+            assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
 
 
 @pytest.mark.gpu
@@ -984,22 +1006,24 @@ def test_page_ranges_bad_layouts_give_nan(seed):
     args = list(problem.args("cuda"))
     good = run_forced(problem, args, 0, 8)
     check(good, problem, "cuda", seed)
-    last = problem.kv_last_page_len.cuda().clone()
-    last[3] = 6
-    out, lse = run_forced(problem, args, 0, 8, last=last)
-    assert torch.isnan(out[3]).all() and torch.isnan(lse[3]).all()
-    keep = torch.tensor([True, True, True, False, True])
-    assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
-    for broken in ("decreasing", "past the end", "negative"):
-        indptr = args[3].clone()
-        if broken == "decreasing":
-            indptr[2], indptr[3] = indptr[3].item(), indptr[2].item() - 1
-        elif broken == "past the end":
-            indptr[-1] = args[4].numel() + 1
-        else:
-            indptr[0] = -1
-        out, lse = run_forced(problem, [*args[:3], indptr, args[4]], 0, 8)
-        assert torch.isnan(out).all() and torch.isnan(lse).all(), f"{broken} {replay(seed)}"
+    for merge_kernel in (False, True):
+        last = problem.kv_last_page_len.cuda().clone()
+        last[3] = 6
+        out, lse = run_forced(problem, args, 0, 8, last=last, merge_kernel=merge_kernel)
+        assert torch.isnan(out[3]).all() and torch.isnan(lse[3]).all()
+        keep = torch.tensor([True, True, True, False, True])
+        assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+        for broken in ("decreasing", "past the end", "negative"):
+            indptr = args[3].clone()
+            if broken == "decreasing":
+                indptr[2], indptr[3] = indptr[3].item(), indptr[2].item() - 1
+            elif broken == "past the end":
+                indptr[-1] = args[4].numel() + 1
+            else:
+                indptr[0] = -1
+            out, lse = run_forced(problem, [*args[:3], indptr, args[4]], 0, 8, merge_kernel=merge_kernel)
+            assert torch.isnan(out).all() and torch.isnan(lse).all(), f"{broken} merge_kernel={merge_kernel} " \
+                                                                      f"{replay(seed)}"
 
 
 @pytest.mark.gpu
@@ -1110,6 +1134,46 @@ def test_cuda_graph_capture_and_replay(seed):
         torch.cuda.synchronize()
         check((out, lse), problems[0], "cuda", seed, "replayed into out=")
         check(second, problems[1], "cuda", seed, "replayed, allocated")
+
+
+@pytest.mark.gpu
+def test_page_ranges_in_a_cuda_graph(seed):
+    """Page-range plans captured and replayed on new values of q and the caches: a balanced batch
+    (one run per request: every row written by its own CTA, no barrier) and a skewed one (equal
+    page runs, the partials merged behind the grid-wide barrier), each with a request without
+    pages, their workspaces NaN-poisoned before every replay."""
+    gen = torch.Generator().manual_seed(seed)
+    balanced = [int(n) for n in torch.randint(150, 200, (12,), generator=gen)]
+    skewed = [int(n) for n in torch.randint(1, 60, (12,), generator=gen)]
+    balanced[5] = skewed[7] = 0
+    skewed[2] = 2000
+    problems = [Problem(gen, lengths, 32, 8, 128, 16, torch.bfloat16) for lengths in (balanced, skewed)]
+    scale = 1 / math.sqrt(128)
+    calls = []
+    for p in problems:
+        args = p.args("cuda")
+        out, lse = poisoned_outputs(p, "cuda")
+        plan = dict(splits=0, token_warps=16, even_splits=1)
+        last = p.kv_last_page_len.cuda()
+        need = _C.paged_decode_attention(out, lse, *args, last, None, scale, None, True, **plan)
+        calls.append((args, last, out, lse, torch.empty(need, device="cuda"), plan))
+
+    def step():
+        for args, last, out, lse, workspace, plan in calls:
+            _C.paged_decode_attention(out, lse, *args, last, workspace, scale, None, True, **plan)
+
+    graph, _ = capture_graph(step)
+    for _ in range(2):
+        for p, (args, _, out, lse, workspace, _) in zip(problems, calls):
+            for dst in args[:3]:
+                dst.copy_(torch.randn(dst.shape, generator=gen).to(dst.dtype))
+            p.q, p.k_cache, p.v_cache = (t.cpu() for t in args[:3])
+            for t in (out, lse, workspace):
+                t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for p, (_, _, out, lse, _, _) in zip(problems, calls):
+            check((out, lse), p, "cuda", seed, f"replayed {p.lengths}")
 
 
 @pytest.mark.gpu

@@ -276,7 +276,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     that evens them out in waves, and one whose longest request is 4x its average or more is cut
     into equal runs of its pages (page ranges). Without it, batches large enough for page ranges
     take them, and the kernels look at the lengths: runs per request where the longest request
-    has at most twice the average pages, equal page runs where it has more. Only the speed
+    has at most 7/4 of the average pages, equal page runs where it has more. Only the speed
     depends on it: any value gives the same results. backend: "auto" (the kernel for the
     tensors' device), "cuda", "cpu" or "torch" (plain PyTorch). skip_check=True skips the
     Python-level checks, including the synchronising check of a CUDA layout's values.
