@@ -867,6 +867,20 @@ struct RangesBatch {
   }
 };
 
+// The ranges whose partials make request b (pages [first, last) of kv_indices, at least one): for
+// page runs, range_of(first) .. range_of(last - 1); for the runs of a balanced batch (`runs`),
+// b x even_splits .. b x even_splits + even_splits - 1. One range (r0 == r1): the request's
+// output was written whole by that range's CTA.
+struct RequestRanges {
+  int64_t r0, r1;
+
+  __device__ __forceinline__ static RequestRanges of(int64_t b, int32_t first, int32_t last, bool runs,
+                                                     int even_splits, int64_t base, int64_t pages, int ranges) {
+    if (runs) return {b * even_splits, b * even_splits + even_splits - 1};
+    return {paged_decode_range_of(first - base, pages, ranges), paged_decode_range_of(last - 1 - base, pages, ranges)};
+  }
+};
+
 // Finishes row `row` (request b = row / num_qo_heads) of a page-range plan, dims dim..dim+3, once
 // the ranges' partials are written: a row whose request one range held whole was written by that
 // range's CTA and is left alone (unless `all`); otherwise the partials of ranges range_of(first)
@@ -884,8 +898,7 @@ __device__ __forceinline__ void finish_range_row(const PagedDecodeParams& p, int
   if (bad_batch) {
     state.bad = true;
   } else if (last > first) {
-    const int64_t r0 = runs ? b * even_splits : paged_decode_range_of(first - base, pages, ranges);
-    const int64_t r1 = runs ? r0 + even_splits - 1 : paged_decode_range_of(last - 1 - base, pages, ranges);
+    const auto [r0, r1] = RequestRanges::of(b, first, last, runs, even_splits, base, pages, ranges);
     if (tail < 1 || tail > p.page_size) {
       state.bad = true;
     } else if (r0 == r1) {
@@ -971,12 +984,16 @@ __device__ __forceinline__ int spread_over_sms(uint32_t cta, uint32_t ctas) {
 // and a batch found balanced), range r takes page run r % even_splits of request r / even_splits
 // instead (slot 0), numbered densely (below). A request whose last page length is out of range is
 // skipped (finish_range_row writes NaN), as are requests without pages, unless `own_rows`: then
-// (one run per request, no merge to follow) the CTA of request b writes them itself.
+// (one run per request, no merge to follow) the CTA of request b writes them itself; with
+// `own_bad` (the ranges' own merge, which skips the rows of requests held whole) a CTA holding a
+// request whole writes its NaN rows. A request is held whole where finish_range_row finds one
+// range for it (RequestRanges): with runs per request only at even_splits == 1 (a request of
+// fewer pages than runs still has its partials merged).
 // runs_tail: the last page length of the request the CTA's runs would take (read ahead of the check).
 template <typename T, int D, int kStages, int kHeadTiles>
 __device__ __forceinline__ void ranges_stream(const PagedDecodeParams& p, unsigned char* ring_all,
                                               const int32_t* indptr, int head_chunks, int ranges, int even_splits,
-                                              bool runs, bool own_rows, int32_t runs_tail) {
+                                              bool runs, bool own_rows, bool own_bad, int32_t runs_tail) {
   const int batch = static_cast<int>(p.batch);
   const int64_t base = indptr[0], pages = int64_t(indptr[batch]) - base;
   // This CTA's group and range r in it: CTA group x ranges + r. A balanced batch takes
@@ -1022,15 +1039,17 @@ __device__ __forceinline__ void ranges_stream(const PagedDecodeParams& p, unsign
   const int32_t tail_lo = runs                 ? runs_tail
                           : p.kv_last_page_len ? __ldg(p.kv_last_page_len + lo)
                                                : static_cast<int32_t>(p.page_size);
-  if (own_rows && (q0 >= q1 || tail_lo < 1 || tail_lo > p.page_size)) {
-    // Request lo without pages (zeros, lse -inf) or with a bad last page length (NaN): its rows of
-    // this group, D / 4 threads per row.
+  // Request b's rows of this group with zeros and lse -inf, or NaN (`bad`): D / 4 threads per row.
+  auto write_rows = [&](int64_t b, bool bad) {
     constexpr int kLanes = D / 4;
     MergeState state;
-    state.bad = q0 < q1;
+    state.bad = bad;
     for (int i = threadIdx.x / kLanes; i < rows; i += blockDim.x / kLanes) {
-      state.write<T>(p, int64_t(lo) * p.num_qo_heads + head0 + i, (threadIdx.x % kLanes) * 4, threadIdx.x % kLanes == 0);
+      state.write<T>(p, b * p.num_qo_heads + head0 + i, (threadIdx.x % kLanes) * 4, threadIdx.x % kLanes == 0);
     }
+  };
+  if (own_rows && (q0 >= q1 || tail_lo < 1 || tail_lo > p.page_size)) {
+    write_rows(lo, q0 < q1);  // without pages, or with a bad last page length
     return;
   }
   for (int b = lo; b < batch && indptr[b] < q1 && q0 < q1; ++b) {
@@ -1038,13 +1057,17 @@ __device__ __forceinline__ void ranges_stream(const PagedDecodeParams& p, unsign
     if (last == first) continue;  // no pages: finish_range_row writes it
     const int32_t tail =
         b == lo ? tail_lo : p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-    if (tail < 1 || tail > p.page_size) continue;  // finish_range_row writes NaN (uniform over the CTA)
+    const bool whole = runs ? even_splits == 1 : first >= q0 && last <= q1;
+    if (tail < 1 || tail > p.page_size) {  // NaN (uniform over the CTA)
+      if (own_bad && whole) write_rows(b, true);  // else finish_range_row writes it
+      continue;
+    }
     const int64_t part0 = first > q0 ? first : q0, part1 = last < q1 ? last : q1;
     const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
     const int part_begin = static_cast<int>((part0 - first) * p.page_size);
     const int part_end = static_cast<int>(min64(n, (part1 - first) * p.page_size));
-    ranges_part<T, D, kStages, kHeadTiles>(p, ring_all, b, first, kv_head, head0, rows, part_begin, part_end,
-                                           part0 == first && part1 == last, slot0 + (part0 == q0 ? 0 : 1), slots);
+    ranges_part<T, D, kStages, kHeadTiles>(p, ring_all, b, first, kv_head, head0, rows, part_begin, part_end, whole,
+                                           slot0 + (part0 == q0 ? 0 : 1), slots);
     __syncthreads();  // warp 0 has read the other rings' states: they may stream again
   }
 }
@@ -1087,7 +1110,7 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   const bool own_rows = merge && runs && even_splits == 1;
   if (!checked.bad) {
     ranges_stream<T, D, kStages, kHeadTiles>(p, ring_all, indptr, head_chunks, ranges, even_splits, runs, own_rows,
-                                             runs_tail);
+                                             merge, runs_tail);
   }
   if (!merge || own_rows) return;
   // Every partial written (the barrier orders the grid's writes before the reads after it).
@@ -1099,9 +1122,17 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kLanes; row < p.batch * p.num_qo_heads;
        row += int64_t(gridDim.x) * kRowsPerCta) {
     const int64_t b = row / p.num_qo_heads;
+    const int32_t first = indptr[b], last = indptr[b + 1];
+    // Rows of requests held whole are written, NaN included (own_bad): no load of their last page
+    // length, which would put a memory round trip per pass of rows (batch 128 x 512 in page runs:
+    // four passes of mostly such rows).
+    if (!checked.bad && last > first) {
+      const auto [r0, r1] = RequestRanges::of(b, first, last, runs, even_splits, base, pages, ranges);
+      if (r0 == r1) continue;
+    }
     const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-    finish_range_row<T, D>(p, head_chunks, ranges, even_splits, runs, checked.bad, base, pages, row, dim, indptr[b],
-                           indptr[b + 1], tail);
+    finish_range_row<T, D>(p, head_chunks, ranges, even_splits, runs, checked.bad, base, pages, row, dim, first, last,
+                           tail);
   }
 #else
   __trap();  // the host never launches this kernel on a GPU below 8.0 (checked in Python)

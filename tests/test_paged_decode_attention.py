@@ -15,6 +15,7 @@ exactly zeros and lse = -inf.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -946,7 +947,7 @@ EVEN_CONFIGS = [((32, 8, 128, 16), 1), ((32, 4, 128, 1), 2), ((40, 2, 128, 5), 3
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["even", "at the bound", "past the bound", "a request without pages", "a bad page",
-                                  "a bad last page length"])
+                                  "a bad last page length", "fewer pages than runs"])
 @pytest.mark.parametrize("config, even_splits", EVEN_CONFIGS,
                          ids=[f"h{h}_kv{kv}_d{d}_ps{ps}_even{k}" for (h, kv, d, ps), k in EVEN_CONFIGS])
 def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
@@ -954,13 +955,16 @@ def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
     has at most 7/4 of the average pages, range r takes run r % even_splits of request
     r / even_splits (bit for bit what the cut of one split x 4 warps gives, where even_splits is
     one), else the page runs (bit for bit what even_splits=0 gives). A request without pages gets
-    zeros and lse -inf; a bad page id or last page length makes its request NaN only."""
+    zeros and lse -inf; a bad page id or last page length makes its request NaN only. Requests of
+    fewer pages than runs (some runs empty) are merged from the runs that have pages."""
     hq, hkv, head_dim, page_size = config
     gen = torch.Generator().manual_seed(seed)
     batch = 12
     pages = torch.randint(9, 12, (batch,), generator=gen).tolist()
     if kind == "a request without pages":
         pages = [10] * batch
+    if kind == "fewer pages than runs":
+        pages = [max(1, even_splits - 1)] * batch
     if kind in ("at the bound", "past the bound"):
         others = sum(pages[1:])
         longest = max(n for n in range(1, 100) if 4 * n * batch <= 7 * (others + n))  # the kernels' test, in pages
@@ -1006,12 +1010,13 @@ def test_page_ranges_bad_layouts_give_nan(seed):
     args = list(problem.args("cuda"))
     good = run_forced(problem, args, 0, 8)
     check(good, problem, "cuda", seed)
-    for merge_kernel in (False, True):
+    # Request 0's 8 pages lie in the first of 8 ranges (85 pages in all); request 3's 60 cross many.
+    for merge_kernel, bad_request in itertools.product((False, True), (0, 3)):
         last = problem.kv_last_page_len.cuda().clone()
-        last[3] = 6
+        last[bad_request] = 6 if bad_request else 0
         out, lse = run_forced(problem, args, 0, 8, last=last, merge_kernel=merge_kernel)
-        assert torch.isnan(out[3]).all() and torch.isnan(lse[3]).all()
-        keep = torch.tensor([True, True, True, False, True])
+        assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all()
+        keep = torch.arange(5) != bad_request
         assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
         for broken in ("decreasing", "past the end", "negative"):
             indptr = args[3].clone()
