@@ -218,17 +218,16 @@ def implementations(case: Case) -> tuple[dict, dict]:
     return fns, missing
 
 
-def forced_split_fn(case: Case, splits: int, token_warps: int = 1, even_splits: int = -1, merge_kernel: bool = False):
-    """opforge's kernel with a forced split count and token warps per CTA, or page ranges, their
-    even_splits and which kernel merges them (the binding directly, workspace preallocated)."""
+def forced_split_fn(case: Case, splits: int, token_warps: int = 1, even_splits: int = -1):
+    """opforge's kernel with a forced split count and token warps per CTA, or page ranges and
+    their even_splits (the binding directly, workspace preallocated)."""
     from opforge import _C
     from opforge._ext import cuda_stream
 
     last = case.last if case.page_size > 1 else None
     s0 = case.sets[0]
     stream = cuda_stream(case.indptr.get_device()) if case.indptr.is_cuda else 0
-    plan = dict(splits=splits, token_warps=token_warps) | (
-        dict(even_splits=even_splits, merge_kernel=merge_kernel) if splits == 0 else {})
+    plan = dict(splits=splits, token_warps=token_warps) | (dict(even_splits=even_splits) if splits == 0 else {})
     need = _C.paged_decode_attention(s0["out"], s0["lse"], s0["q"], s0["k"], s0["v"], case.indptr, case.indices, last,
                                      None, case.sm_scale, stream, True, **plan)
     workspace = torch.empty(max(need, 1), dtype=torch.float32, device=case.indptr.device) if need else None
@@ -375,13 +374,12 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
-def plan_name(splits: int, token_warps: int = 1, even_splits: int = -1, merge_kernel: bool = False) -> str:
+def plan_name(splits: int, token_warps: int = 1, even_splits: int = -1) -> str:
     """A plan's cut as the tables name it: splits, and "wT" for T token warps per CTA; page ranges
-    (splits 0) as "rN" for N per KV head, "r" for a wave's, "eK" for K runs per request of a
-    batch the GPU finds balanced (none: the plan's), and "m" where a second kernel merges them."""
+    (splits 0) as "rN" for N per KV head, "r" for a wave's, and "eK" for K runs per request of
+    a batch the GPU finds balanced (none: the plan's)."""
     if splits == 0:
-        return (("r" if token_warps == -1 else f"r{token_warps}") + ("" if even_splits == -1 else f"e{even_splits}")
-                + ("m" if merge_kernel else ""))
+        return ("r" if token_warps == -1 else f"r{token_warps}") + ("" if even_splits == -1 else f"e{even_splits}")
     return f"{splits}" if token_warps == 1 else f"{splits}w{token_warps}"
 
 
@@ -392,15 +390,13 @@ def row_plan(row: dict) -> str:
     return plan_name(row["plan"]["splits"], row["plan"].get("token_warps", 1))
 
 
-def parse_plan_name(name: str) -> tuple[int, int, int, bool]:
-    """(splits, token_warps, even_splits, merge_kernel) of a name plan_name gives (even_splits -1:
-    the plan's)."""
+def parse_plan_name(name: str) -> tuple[int, int, int]:
+    """(splits, token_warps, even_splits) of a name plan_name gives (even_splits -1: the plan's)."""
     if name.startswith("r"):
-        merge_kernel = name.endswith("m")
-        ranges, _, even = name[1:].removesuffix("m").partition("e")
-        return 0, int(ranges or -1), int(even or -1), merge_kernel
+        ranges, _, even = name[1:].partition("e")
+        return 0, int(ranges or -1), int(even or -1)
     splits, _, warps = name.partition("w")
-    return int(splits), int(warps or 1), -1, False
+    return int(splits), int(warps or 1), -1
 
 
 def splits_table(rows: list) -> str:
@@ -409,7 +405,7 @@ def splits_table(rows: list) -> str:
         return ""
     out = ["Columns: forced splits, \"wT\": T warps of a CTA sharing its slice; \"rN\": N page ranges per KV "
            "head (\"r\": a wave's), \"eK\": K runs per request where the GPU finds the batch balanced "
-           "(\"e0\": never; none: the plan's), \"m\": merged by a second kernel.\n",
+           "(\"e0\": never; none: the plan's).\n",
            "| batch × context | plan | " + " | ".join(f"{s} µs" for s in forced) + " | best |",
            "|" + "---|" * (len(forced) + 3)]
     for r in rows:
@@ -472,8 +468,7 @@ def parse_args(argv=None):
     p.add_argument("--splits", help="comma-separated split counts to force and time besides the plan's; SwT: S "
                                     "splits with T warps of a CTA sharing each slice (2w4); rN: N page ranges "
                                     "per KV head (r: a wave's), rNeK: with K runs per request for a batch "
-                                    "the GPU finds balanced (re0: never); a trailing m: merged by a second "
-                                    "kernel, not by the ranges' own grid (re1m)")
+                                    "the GPU finds balanced (re0: never)")
     p.add_argument("--max-kv-len", action="store_true",
                    help="pass each case's longest request to opforge as max_kv_len (the plan's hint)")
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA where its gathered KV exceeds this")

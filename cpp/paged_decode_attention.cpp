@@ -221,12 +221,9 @@ void check_layout_values(const Arg& indptr, const Arg& indices, const Arg* last_
 
 PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens,
                                       int64_t page_size, int64_t max_tokens, int sms, int splits, int token_warps,
-                                      int even_splits, bool page_ranges = true, bool merge_kernel = false) {
+                                      int even_splits, bool page_ranges = true) {
   if (even_splits != -1 && splits != 0) {
     throw_value_error(kPrefix + "even_splits=" + str(even_splits) + " is for page ranges (splits=0) only");
-  }
-  if (merge_kernel && splits != 0) {
-    throw_value_error(kPrefix + "merge_kernel=True is for page ranges (splits=0) only");
   }
   if (max_tokens < 0) {
     throw_value_error(kPrefix + "max_kv_len = " + str(max_tokens) + "; accepted: the longest request's tokens "
@@ -241,8 +238,7 @@ PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, in
     const int even = even_splits != -1
                          ? even_splits
                          : cuda::paged_decode_even_splits(batch, hq, hkv, head_dim, tokens, page_size, sms, ranges);
-    PagedDecodePlan plan = cuda::paged_decode_ranges_plan(batch, hq, hkv, head_dim, ranges, even);
-    plan.merge_kernel = merge_kernel;
+    const PagedDecodePlan plan = cuda::paged_decode_ranges_plan(batch, hq, hkv, head_dim, ranges, even);
     if (plan.head_chunks == 0) {
       throw_value_error(kPrefix + "splits=0 (page ranges) with " + str(ranges) + " ranges and even_splits=" +
                         str(even) + " is not valid; accepted: 1 to " + str(cuda::kPagedDecodeMaxRanges) +
@@ -270,7 +266,7 @@ PagedDecodePlan forced_or_chosen_plan(int64_t batch, int64_t hq, int64_t hkv, in
 int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handle q_obj, nb::handle k_obj,
                                nb::handle v_obj, nb::handle indptr_obj, nb::handle indices_obj, nb::handle last_obj,
                                nb::handle workspace_obj, double sm_scale, std::optional<uintptr_t> stream, bool launch, int splits,
-                               int token_warps, int64_t max_tokens, int even_splits, bool merge_kernel) {
+                               int token_warps, int64_t max_tokens, int even_splits) {
   const Arg q = arg(q_obj, "q", Kind::kQuery, {}, 3);
   const nb::dlpack::dtype attn = q.t.dtype();
   check_device_supported(kCtx, q.device_view());
@@ -388,8 +384,7 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
     check_rows_aligned(out, {0, 1});
     const int device = q.t.device_id();
     PagedDecodePlan plan = forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, page_size, max_tokens,
-                                                 cuda::sm_count(device), splits, token_warps, even_splits, true,
-                                                 merge_kernel);
+                                                 cuda::sm_count(device), splits, token_warps, even_splits);
     if (plan.ranges > 0 && !cuda::paged_decode_ranges_fit(device, head_dim)) {
       if (splits != -1) {
         throw_value_error(kPrefix + "page ranges (splits=0) need more shared memory per block than this GPU has");
@@ -422,22 +417,20 @@ int64_t paged_decode_attention(nb::handle out_obj, nb::handle lse_obj, nb::handl
 }
 
 nb::dict plan_dict(int64_t batch, int64_t hq, int64_t hkv, int64_t head_dim, int64_t tokens, int64_t page_size,
-                   int sms, int splits, int token_warps, int64_t max_tokens, int even_splits, bool page_ranges,
-                   bool merge_kernel) {
+                   int sms, int splits, int token_warps, int64_t max_tokens, int even_splits, bool page_ranges) {
   if (batch < 0 || hkv < 1 || hq % hkv != 0 || tokens < 0 || page_size < 1 || sms < 1 ||
       !cuda::paged_decode_head_dim_supported(head_dim)) {
     throw_value_error(kPrefix + "plan needs batch >= 0, num_qo_heads a multiple of num_kv_heads >= 1, head_dim "
                       "64, 128 or 256, tokens >= 0, page_size >= 1 and sms >= 1");
   }
   const PagedDecodePlan plan = forced_or_chosen_plan(batch, hq, hkv, head_dim, tokens, page_size, max_tokens, sms,
-                                                     splits, token_warps, even_splits, page_ranges, merge_kernel);
+                                                     splits, token_warps, even_splits, page_ranges);
   nb::dict d;
   d["head_chunks"] = plan.head_chunks;
   d["splits"] = plan.splits;
   d["token_warps"] = plan.token_warps;
   d["ranges"] = plan.ranges;
   d["even_splits"] = plan.even_splits;
-  d["merge_kernel"] = plan.merge_kernel;
   d["ctas"] = plan.ctas;
   d["warps_per_cta"] = cuda::paged_decode_warps(head_dim) * plan.token_warps;
   d["workspace"] = cuda::paged_decode_workspace_elems(plan, batch, hq, head_dim);
@@ -451,23 +444,21 @@ void bind_paged_decode_attention(nb::module_& m) {
         nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("kv_indptr"), nb::arg("kv_indices"),
         nb::arg("kv_last_page_len").none(), nb::arg("workspace").none(), nb::arg("sm_scale"), nb::arg("stream").none(),
         nb::arg("launch"), nb::arg("splits") = -1, nb::arg("token_warps") = -1, nb::arg("max_tokens") = 0,
-        nb::arg("even_splits") = -1, nb::arg("merge_kernel") = false,
+        nb::arg("even_splits") = -1,
         "GQA decode over a paged KV cache into out and lse; see opforge.ops.paged_decode_attention. Returns 0, or the\n"
         "float32 workspace elements a CUDA plan with splits needs (call again with it; nothing was written).\n"
         "splits (with token_warps, the warps of a CTA that share its slice) force the CUDA plan (for tuning and\n"
         "tests); splits 0: page ranges, token_warps of them per KV head (-1: a wave's), even_splits the splits\n"
-        "per request they take for a batch the GPU finds balanced (0: none; -1: the plan's), merge_kernel=True\n"
-        "their partials merged by a second kernel even where the GPU lets the first merge them; -1: the heuristic.\n"
+        "per request they take for a batch the GPU finds balanced (0: none; -1: the plan's); -1: the heuristic.\n"
         "max_tokens: the longest request's tokens if the caller knows it (a hint for the\n"
         "heuristic; 0: not known).");
   m.def("paged_decode_attention_plan", &plan_dict, nb::arg("batch"), nb::arg("num_qo_heads"), nb::arg("num_kv_heads"),
         nb::arg("head_dim"), nb::arg("tokens"), nb::arg("page_size"), nb::arg("sms"), nb::arg("splits") = -1,
         nb::arg("token_warps") = -1, nb::arg("max_tokens") = 0, nb::arg("even_splits") = -1,
-        nb::arg("page_ranges") = true, nb::arg("merge_kernel") = false,
+        nb::arg("page_ranges") = true,
         "The CUDA launch plan of paged_decode_attention (tokens: num_indices * page_size; max_tokens: the longest\n"
         "request's tokens, 0 if not known). page_ranges=False: the plan of a GPU without the shared memory for\n"
-        "page ranges (the cut they replace). merge_kernel=True (page ranges only): their partials merged by a second\n"
-        "kernel even where the GPU lets the first merge them.");
+        "page ranges (the cut they replace).");
 }
 
 }  // namespace opforge

@@ -51,39 +51,6 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Launches `kernel` on `stream` as a cooperative grid: every block resident at once, so that the
-// blocks may wait on each other (a grid-wide barrier). The caller has checked that the grid fits
-// (max_cooperative_blocks); the launch fails otherwise. Returns the launch's cudaError_t.
-template <typename... Params, typename... Args>
-cudaError_t launch_cooperative(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                               cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeCooperative;
-  attribute[0].val.cooperative = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-// The most blocks of `kernel` (`threads` each, `shared_bytes` of dynamic shared memory) that a
-// cooperative launch on `device` can hold resident at once; 0 where the GPU has no cooperative
-// launch or cannot say.
-template <typename Kernel>
-int max_cooperative_blocks(Kernel kernel, int threads, size_t shared_bytes, int device) {
-  int cooperative = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device) != cudaSuccess || !cooperative ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes) != cudaSuccess) {
-    cudaGetLastError();  // not a launch's error
-    return 0;
-  }
-  return per_sm * sm_count(device);
-}
-
 // Whether the code of `kKernel` loaded for `device` (the current device) was generated for a
 // virtual arch of 9.0 or newer, so that its wait_for_previous_grid() exists. A build with PTX for
 // an older arch only (CUDA_ARCH_LIST="8.0+PTX") runs on a Hopper GPU by JIT-compiling that PTX:

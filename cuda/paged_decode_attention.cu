@@ -51,7 +51,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -707,6 +706,111 @@ __device__ __forceinline__ bool too_long_for_runs(int32_t x, int32_t next, int64
   return kPagedDecodeRunsMaxDen * int64_t(next - x) * batch > kPagedDecodeRunsMaxNum * total;
 }
 
+// Page ranges (see PagedDecodePlan::ranges): CTA x takes range x % ranges of group x / ranges (a
+// group: one KV head's chunk of query heads) and, for each request its pages meet, the tokens of
+// the request on those pages (ranges_part). A request whose pages all lie in the range gets its
+// output here; the part of one that crosses the range's edge goes to the workspace (slot 0: the
+// part holding the range's first page, slot 1: one starting after it) for
+// paged_decode_ranges_merge_kernel. With even_splits > 0 and a batch found balanced, range r takes
+// page run r % even_splits of request r / even_splits instead (slot 0). A request whose last page
+// length is out of range is skipped (the merge writes NaN), and so is every request of a batch
+// whose kv_indptr is not monotone or leaves [0, num_indices]: the cut assumes it.
+template <typename T, int D, int kStages, int kHeadTiles>
+__global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarpsPerSm / kPagedDecodeRangeWarps)
+    paged_decode_ranges_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
+                               const int even_splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  static_assert(kWarpsOf<D> == 1, "token warps need one warp of head dims");
+  using L = RingLayout<T, D>;
+
+  // One wave: every CTA of this grid is resident from the start, so the merge's blocks may be
+  // scheduled now, into what is left of each SM, and do their reads of the layout while this
+  // kernel streams (they wait for its writes before reading the partials).
+  allow_next_grid();
+  extern __shared__ __align__(128) unsigned char ring_all[];
+  constexpr int kRingBytes = kPagedDecodeRangeWarps * kStages * L::kStageBytes;
+  int32_t* indptr = reinterpret_cast<int32_t*>(ring_all + kRingBytes);
+  const int batch = static_cast<int>(p.batch);
+  bool bad = false;
+  for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+    const int32_t x = __ldg(p.kv_indptr + i);
+    indptr[i] = x;
+    bad = bad || x < 0 || x > p.num_indices;
+  }
+  __syncthreads();
+  const int64_t base = indptr[0], pages = int64_t(indptr[batch]) - base;
+  bool uneven = false;
+  for (int i = threadIdx.x; i < batch; i += blockDim.x) {
+    bad = bad || indptr[i] > indptr[i + 1];
+    uneven = uneven || too_long_for_runs(indptr[i], indptr[i + 1], batch, pages);
+  }
+  if (__syncthreads_or(bad)) return;
+  // This CTA's group and range r in it: CTA group x ranges + r. A balanced batch takes
+  // batch x even_splits runs per group instead, numbered densely from CTA 0 in the order of a
+  // cut's tasks (the groups of one run side by side; the CTAs past them return at once): working
+  // CTAs numbered sparsely (range r of every group) were slower (h32_kv4 page size 16 32 x 2048:
+  // 128 working CTAs of 264, 49.5 against 44.1 us). A grid of more CTAs than SMs is dealt out
+  // ceil(CTAs / SMs) consecutive CTAs to an SM (on an H200), so the 128 dense ones share 64 SMs;
+  // numbering them onto distinct SMs was faster on even batches (44.5 -> 42.7 us, 32 x 8192 150.3
+  // -> 135.7) and slower on uneven ones (32 x uniform 55.8 -> 61.8), measured together with other
+  // changes and not kept (bench/results/2026-11-28_h200_6305437_paged_decode_fused_merge/).
+  const bool runs = even_splits > 0 && !__syncthreads_or(uneven);
+  const int groups = gridDim.x / ranges;
+  if (runs && blockIdx.x >= groups * batch * even_splits) return;
+  const int group = runs ? blockIdx.x % groups : blockIdx.x / ranges;
+  const int r = runs ? blockIdx.x / groups : blockIdx.x % ranges;
+  const int chunk = group % head_chunks;
+  const int64_t kv_head = group / head_chunks;
+  const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
+  const int64_t head0 = kv_head * heads_per_kv + int64_t(chunk) * kPagedDecodeRows;
+  const int rows = static_cast<int>(min64(kPagedDecodeRows, heads_per_kv - int64_t(chunk) * kPagedDecodeRows));
+  const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
+  const int64_t slot0 = (int64_t(group) * ranges + r) * 2;
+
+  // This range's pages, [q0, q1) of kv_indices, and the request holding q0 (`lo`). For a
+  // balanced batch: page run j = r % even_splits of request r / even_splits (equal runs of its
+  // pages).
+  int64_t q0, q1;
+  int lo = 0;
+  if (runs) {
+    lo = r / even_splits;
+    const int64_t first = indptr[lo], n_pages = indptr[lo + 1] - first, j = r % even_splits;
+    q0 = first + paged_decode_range_start(j, n_pages, even_splits);
+    q1 = first + paged_decode_range_start(j + 1, n_pages, even_splits);
+    if (q0 >= q1) return;  // the whole CTA: no barrier below is reached (the merge skips it too)
+  } else {
+    q0 = base + paged_decode_range_start(r, pages, ranges);
+    q1 = base + paged_decode_range_start(r + 1, pages, ranges);
+    if (q0 >= q1) return;
+    // The last b with indptr[b] <= q0 (it has pages, as q0 < indptr[batch]).
+    int hi = batch - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (indptr[mid] <= q0) lo = mid; else hi = mid - 1;
+    }
+  }
+  for (int b = lo; b < batch && indptr[b] < q1; ++b) {
+    const int32_t first = indptr[b], last = indptr[b + 1];
+    if (last == first) continue;  // no pages: the merge writes it
+    const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+    if (tail < 1 || tail > p.page_size) continue;  // the merge writes NaN (uniform over the CTA)
+    const int64_t part0 = first > q0 ? first : q0, part1 = last < q1 ? last : q1;
+    const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
+    const int part_begin = static_cast<int>((part0 - first) * p.page_size);
+    const int part_end = static_cast<int>(min64(n, (part1 - first) * p.page_size));
+    // Written whole where the merge finds one range for the request: with runs per request only
+    // at even_splits == 1 (a request of fewer pages than runs has its pages in one run, and the
+    // merge still combines its runs).
+    const bool whole = runs ? even_splits == 1 : part0 == first && part1 == last;
+    ranges_part<T, D, kStages, kHeadTiles>(p, ring_all, b, first, kv_head, head0, rows, part_begin, part_end, whole,
+                                           slot0 + (part0 == q0 ? 0 : 1), slots);
+    __syncthreads();  // warp 0 has read the other rings' states: they may stream again
+  }
+#else
+  __trap();  // the host never launches this kernel on a GPU below 8.0 (checked in Python)
+#endif
+}
+
 // Second pass of a split plan: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse),
 // lse = max + log2(sum w). A NaN lse in any split (a bad page in its slice) makes the row NaN; a
 // row whose splits are all empty gets zeros and lse -inf. Threads own 4 dims of a row each (D / 4
@@ -842,63 +946,51 @@ __global__ void __launch_bounds__(kMergeThreads)
   all.write<T>(p, row, dim, lane == 0);
 }
 
-// The lengths check of a page-range plan, from kv_indptr (`indptr`, batch + 1 values, read by
-// `at`): whether the batch is bad (kv_indptr not monotone or outside [0, num_indices]: every row
-// NaN) and whether a request is too long for runs per request. Block-wide (every thread gets the
-// answers), so both kernels of a plan agree on the schedule.
-struct RangesBatch {
-  bool bad, uneven;
-
-  template <typename At>
-  __device__ __forceinline__ static RangesBatch of(const PagedDecodeParams& p, At at) {
-    const int batch = static_cast<int>(p.batch);
-    const int64_t pages = int64_t(at(batch)) - at(0);
-    bool bad = false, uneven = false;
-    for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
-      const int32_t x = at(i);
-      bad = bad || x < 0 || x > p.num_indices;
-      if (i < batch) {
-        const int32_t next = at(i + 1);
-        bad = bad || x > next;
-        uneven = uneven || too_long_for_runs(x, next, batch, pages);
-      }
-    }
-    return {__syncthreads_or(bad) != 0, __syncthreads_or(uneven) != 0};
-  }
-};
-
-// The ranges whose partials make request b (pages [first, last) of kv_indices, at least one): for
-// page runs, range_of(first) .. range_of(last - 1); for the runs of a balanced batch (`runs`),
-// b x even_splits .. b x even_splits + even_splits - 1. One range (r0 == r1): the request's
-// output was written whole by that range's CTA.
-struct RequestRanges {
-  int64_t r0, r1;
-
-  __device__ __forceinline__ static RequestRanges of(int64_t b, int32_t first, int32_t last, bool runs,
-                                                     int even_splits, int64_t base, int64_t pages, int ranges) {
-    if (runs) return {b * even_splits, b * even_splits + even_splits - 1};
-    return {paged_decode_range_of(first - base, pages, ranges), paged_decode_range_of(last - 1 - base, pages, ranges)};
-  }
-};
-
-// Finishes row `row` (request b = row / num_qo_heads) of a page-range plan, dims dim..dim+3, once
-// the ranges' partials are written: a row whose request one range held whole was written by that
-// range's CTA and is left alone (unless `all`); otherwise the partials of ranges range_of(first)
-// .. range_of(last - 1) are merged in range order (for a batch found balanced, `runs`: the
-// request's runs in order). Requests without pages get zeros and lse -inf; a last page length out
-// of range, or a bad batch, NaN. The partials are read from L2 (`__ldcg`): in the ranges kernel's
-// own merge they were written by other CTAs of the grid, which this SM's L1 does not see.
+// Second pass of a page-range plan: one group of D / 4 threads per (request, query head) row,
+// 256 / (D / 4) rows per block. A row whose request lies in one range was written by that range's
+// CTA and is left alone; otherwise the partials of ranges range_of(first) .. range_of(last - 1)
+// are merged in range order (for a batch found balanced, with even_splits > 1: the request's runs in
+// order; with one, every row with pages was written). Rows of requests without pages get
+// zeros and lse -inf; those of a request whose last page length is out of range, and every row
+// of a batch whose kv_indptr is not monotone or leaves [0, num_indices] (each block checks the
+// whole array: the first kernel wrote nothing then), get NaN.
 template <typename T, int D>
-__device__ __forceinline__ void finish_range_row(const PagedDecodeParams& p, int head_chunks, int ranges,
-                                                 int even_splits, bool runs, bool bad_batch, int64_t base,
-                                                 int64_t pages, int64_t row, int dim, int32_t first, int32_t last,
-                                                 int32_t tail) {
+__global__ void __launch_bounds__(kMergeThreads)
+    paged_decode_ranges_merge_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
+                                     const int even_splits) {
+  // The layout checks read only inputs: they go ahead of the wait for the first kernel's writes,
+  // which this kernel's blocks may start as soon as that kernel's are all resident (it lets them).
+  constexpr int kLanes = D / 4;
+  constexpr int kRowsPerBlock = kMergeThreads / kLanes;
+  const int batch = static_cast<int>(p.batch);
+  const int64_t base = __ldg(p.kv_indptr), pages = int64_t(__ldg(p.kv_indptr + batch)) - base;
+  bool bad_batch = false, uneven = false;
+  for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
+    const int32_t x = __ldg(p.kv_indptr + i);
+    bad_batch = bad_batch || x < 0 || x > p.num_indices;
+    if (i < batch) {
+      const int32_t next = __ldg(p.kv_indptr + i + 1);
+      bad_batch = bad_batch || x > next;
+      uneven = uneven || too_long_for_runs(x, next, batch, pages);
+    }
+  }
+  bad_batch = __syncthreads_or(bad_batch);
+  const bool even = even_splits > 0 && !__syncthreads_or(uneven);
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const bool in_batch = row < p.batch * p.num_qo_heads;
+  const int dim = (threadIdx.x % kLanes) * 4;
+  const int64_t b = in_batch ? row / p.num_qo_heads : 0, head = row % p.num_qo_heads;
+  // The row's request, also read ahead of the wait: after it, only the partials.
+  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
+  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+  wait_for_previous_grid();
+  if (!in_batch) return;
   MergeState state;
-  const int64_t b = row / p.num_qo_heads, head = row % p.num_qo_heads;
   if (bad_batch) {
     state.bad = true;
   } else if (last > first) {
-    const auto [r0, r1] = RequestRanges::of(b, first, last, runs, even_splits, base, pages, ranges);
+    const int64_t r0 = even ? b * even_splits : paged_decode_range_of(first - base, pages, ranges);
+    const int64_t r1 = even ? r0 + even_splits - 1 : paged_decode_range_of(last - 1 - base, pages, ranges);
     if (tail < 1 || tail > p.page_size) {
       state.bad = true;
     } else if (r0 == r1) {
@@ -914,229 +1006,20 @@ __device__ __forceinline__ void finish_range_row(const PagedDecodeParams& p, int
       for (int64_t r = r0; r <= r1; ++r) {
         // A range without pages wrote nothing; the first range's part is in slot 1 where the
         // request starts inside it (never for the runs of a balanced batch, each of one request).
-        const int64_t start = runs ? paged_decode_range_start(r - r0, last - first, even_splits)
+        const int64_t start = even ? paged_decode_range_start(r - r0, last - first, even_splits)
                                    : paged_decode_range_start(r, pages, ranges);
-        const int64_t next = runs ? paged_decode_range_start(r - r0 + 1, last - first, even_splits)
+        const int64_t next = even ? paged_decode_range_start(r - r0 + 1, last - first, even_splits)
                                   : paged_decode_range_start(r + 1, pages, ranges);
         if (start == next) continue;
-        const bool starts_inside = !runs && r == r0 && first - base != start;
+        const bool starts_inside = !even && r == r0 && first - base != start;
         const int64_t slot = (group * ranges + r) * 2 + (starts_inside ? 1 : 0);
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(p.workspace + (slot * kPagedDecodeRows + chunk_row) * D + dim));
-        const float o[4] = {v.x, v.y, v.z, v.w};
-        state.add(__ldcg(lse_of + slot * kPagedDecodeRows + chunk_row), o);
+        float o[4];
+        to_floats(load_vec<float, 4>(p.workspace + (slot * kPagedDecodeRows + chunk_row) * D + dim), o);
+        state.add(lse_of[slot * kPagedDecodeRows + chunk_row], o);
       }
     }
   }
   state.write<T>(p, row, dim, dim == 0);
-}
-
-// Second pass of a page-range plan where the ranges kernel could not merge its own partials (a
-// GPU where its grid cannot be launched cooperatively; see launch_ranges): one group of D / 4
-// threads per (request, query head) row, 256 / (D / 4) rows per block (finish_range_row). Each
-// block checks the whole of kv_indptr (the first kernel wrote nothing for a bad batch).
-template <typename T, int D>
-__global__ void __launch_bounds__(kMergeThreads)
-    paged_decode_ranges_merge_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
-                                     const int even_splits) {
-  // The layout checks read only inputs: they go ahead of the wait for the first kernel's writes,
-  // which this kernel's blocks may start as soon as that kernel's are all resident (it lets them).
-  constexpr int kLanes = D / 4;
-  constexpr int kRowsPerBlock = kMergeThreads / kLanes;
-  const int64_t base = __ldg(p.kv_indptr), pages = int64_t(__ldg(p.kv_indptr + p.batch)) - base;
-  const RangesBatch batch = RangesBatch::of(p, [&](int i) { return __ldg(p.kv_indptr + i); });
-  const bool runs = even_splits > 0 && !batch.uneven;
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  const bool in_batch = row < p.batch * p.num_qo_heads;
-  const int dim = (threadIdx.x % kLanes) * 4;
-  const int64_t b = in_batch ? row / p.num_qo_heads : 0;
-  // The row's request, also read ahead of the wait: after it, only the partials.
-  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
-  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-  wait_for_previous_grid();
-  if (!in_batch) return;
-  finish_range_row<T, D>(p, head_chunks, ranges, even_splits, runs, batch.bad, base, pages, row, dim, first, last,
-                         tail);
-}
-
-// The work index of CTA `cta` of `ctas` that puts the first indices on distinct SMs: a grid of
-// more CTAs than SMs is dealt out ceil(ctas / SMs) consecutive CTAs to an SM, so CTAs 2j and
-// 2j + 1 of a two-per-SM grid share one, and 128 working CTAs numbered 0..127 of 264 ran two to
-// an SM on 64 SMs (h32_kv4 page size 16 32 x 2048: 43.4 us per kernel against 37.6 in a grid of
-// the 128 alone). Counting (slot on the SM, SM) in that order, the indices below the SM count
-// take slot 0 of every SM. A bijection of [0, ctas) whatever the dealing: correct either way.
-__device__ __forceinline__ int spread_over_sms(uint32_t cta, uint32_t ctas) {
-  uint32_t sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  const uint32_t per_sm = (ctas + sms - 1) / sms, used = (ctas + per_sm - 1) / per_sm;
-  const uint32_t sm = cta / per_sm, slot = cta % per_sm;
-  const uint32_t last_full = ctas - (used - 1) * per_sm;  // CTAs on the last SM dealt to
-  // Pairs (slot, sm) ordered slot-major; the last SM lacks slots last_full.. per_sm - 1.
-  const uint32_t missing = slot > last_full ? slot - last_full : 0;
-  return static_cast<int>(slot * used + sm - missing);
-}
-
-// The streaming of a page-range CTA (see PagedDecodePlan::ranges), with kv_indptr in shared memory
-// (`indptr`): CTA x takes range x % ranges of group x / ranges (a group: one KV head's chunk of
-// query heads) and, for each request its pages meet, the tokens of the request on those pages
-// (ranges_part). A request whose pages all lie in the range gets its output here; the part of
-// one that crosses the range's edge goes to the workspace (slot 0: the part holding the range's
-// first page, slot 1: one starting after it) for finish_range_row. With `runs` (even_splits > 0
-// and a batch found balanced), range r takes page run r % even_splits of request r / even_splits
-// instead (slot 0), numbered densely (below). A request whose last page length is out of range is
-// skipped (finish_range_row writes NaN), as are requests without pages, unless `own_rows`: then
-// (one run per request, no merge to follow) the CTA of request b writes them itself; with
-// `own_bad` (the ranges' own merge, which skips the rows of requests held whole) a CTA holding a
-// request whole writes its NaN rows. A request is held whole where finish_range_row finds one
-// range for it (RequestRanges): with runs per request only at even_splits == 1 (a request of
-// fewer pages than runs still has its partials merged).
-// runs_tail: the last page length of the request the CTA's runs would take (read ahead of the check).
-template <typename T, int D, int kStages, int kHeadTiles>
-__device__ __forceinline__ void ranges_stream(const PagedDecodeParams& p, unsigned char* ring_all,
-                                              const int32_t* indptr, int head_chunks, int ranges, int even_splits,
-                                              bool runs, bool own_rows, bool own_bad, int32_t runs_tail) {
-  const int batch = static_cast<int>(p.batch);
-  const int64_t base = indptr[0], pages = int64_t(indptr[batch]) - base;
-  // This CTA's group and range r in it: CTA group x ranges + r. A balanced batch takes
-  // batch x even_splits runs per group instead, numbered densely from CTA 0 in the order of a
-  // cut's tasks (the groups of one run side by side; the CTAs past them have nothing to stream):
-  // the first CTAs of a launch are spread one per SM, so working CTAs numbered sparsely (range r
-  // of every group) doubled up on some SMs and left others idle (h32_kv4 page size 16 32 x 2048:
-  // 128 working CTAs of 264).
-  const int groups = gridDim.x / ranges;
-  const int work = runs ? spread_over_sms(blockIdx.x, gridDim.x) : blockIdx.x;
-  if (runs && work >= groups * batch * even_splits) return;
-  const int group = runs ? work % groups : work / ranges;
-  const int r = runs ? work / groups : work % ranges;
-  const int chunk = group % head_chunks;
-  const int64_t kv_head = group / head_chunks;
-  const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
-  const int64_t head0 = kv_head * heads_per_kv + int64_t(chunk) * kPagedDecodeRows;
-  const int rows = static_cast<int>(min64(kPagedDecodeRows, heads_per_kv - int64_t(chunk) * kPagedDecodeRows));
-  const int64_t slots = int64_t(p.num_kv_heads) * head_chunks * ranges * 2;
-  const int64_t slot0 = (int64_t(group) * ranges + r) * 2;
-
-  // This range's pages, [q0, q1) of kv_indices, and the request holding q0 (`lo`). For a
-  // balanced batch: page run j = r % even_splits of request r / even_splits (equal runs of its
-  // pages).
-  int64_t q0, q1;
-  int lo = 0;
-  if (runs) {
-    lo = r / even_splits;
-    const int64_t first = indptr[lo], n_pages = indptr[lo + 1] - first, j = r % even_splits;
-    q0 = first + paged_decode_range_start(j, n_pages, even_splits);
-    q1 = first + paged_decode_range_start(j + 1, n_pages, even_splits);
-  } else {
-    q0 = base + paged_decode_range_start(r, pages, ranges);
-    q1 = base + paged_decode_range_start(r + 1, pages, ranges);
-    // The last b with indptr[b] <= q0 (it has pages where q0 < indptr[batch]).
-    int hi = batch - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (indptr[mid] <= q0) lo = mid; else hi = mid - 1;
-    }
-  }
-  // Request lo's last page length, read once (the loop's first request).
-  const int32_t tail_lo = runs                 ? runs_tail
-                          : p.kv_last_page_len ? __ldg(p.kv_last_page_len + lo)
-                                               : static_cast<int32_t>(p.page_size);
-  // Request b's rows of this group with zeros and lse -inf, or NaN (`bad`): D / 4 threads per row.
-  auto write_rows = [&](int64_t b, bool bad) {
-    constexpr int kLanes = D / 4;
-    MergeState state;
-    state.bad = bad;
-    for (int i = threadIdx.x / kLanes; i < rows; i += blockDim.x / kLanes) {
-      state.write<T>(p, b * p.num_qo_heads + head0 + i, (threadIdx.x % kLanes) * 4, threadIdx.x % kLanes == 0);
-    }
-  };
-  if (own_rows && (q0 >= q1 || tail_lo < 1 || tail_lo > p.page_size)) {
-    write_rows(lo, q0 < q1);  // without pages, or with a bad last page length
-    return;
-  }
-  for (int b = lo; b < batch && indptr[b] < q1 && q0 < q1; ++b) {
-    const int32_t first = indptr[b], last = indptr[b + 1];
-    if (last == first) continue;  // no pages: finish_range_row writes it
-    const int32_t tail =
-        b == lo ? tail_lo : p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-    const bool whole = runs ? even_splits == 1 : first >= q0 && last <= q1;
-    if (tail < 1 || tail > p.page_size) {  // NaN (uniform over the CTA)
-      if (own_bad && whole) write_rows(b, true);  // else finish_range_row writes it
-      continue;
-    }
-    const int64_t part0 = first > q0 ? first : q0, part1 = last < q1 ? last : q1;
-    const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
-    const int part_begin = static_cast<int>((part0 - first) * p.page_size);
-    const int part_end = static_cast<int>(min64(n, (part1 - first) * p.page_size));
-    ranges_part<T, D, kStages, kHeadTiles>(p, ring_all, b, first, kv_head, head0, rows, part_begin, part_end, whole,
-                                           slot0 + (part0 == q0 ? 0 : 1), slots);
-    __syncthreads();  // warp 0 has read the other rings' states: they may stream again
-  }
-}
-
-// Page ranges (see PagedDecodePlan::ranges): ranges_stream, then, with `merge` (a cooperative
-// launch: every CTA resident at once), a grid-wide barrier and the merge of the partials by the
-// same CTAs (finish_range_row, rows shared out D / 4 threads each); without it,
-// paged_decode_ranges_merge_kernel follows. A batch with one run per request needs no merge: its
-// CTAs write every row themselves and the barrier is skipped (every CTA takes the same decision).
-// A batch whose kv_indptr is not monotone or leaves [0, num_indices] streams nothing (the cut
-// assumes it), and its rows are all NaN.
-template <typename T, int D, int kStages, int kHeadTiles>
-__global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarpsPerSm / kPagedDecodeRangeWarps)
-    paged_decode_ranges_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
-                               const int even_splits, const bool merge) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  static_assert(kWarpsOf<D> == 1, "token warps need one warp of head dims");
-  using L = RingLayout<T, D>;
-
-  // One wave: every CTA of this grid is resident from the start, so the next grid's blocks (the
-  // merge kernel's, or whatever follows with PDL) may be scheduled now, into what is left of each
-  // SM; they wait for this kernel's writes before reading them.
-  allow_next_grid();
-  extern __shared__ __align__(128) unsigned char ring_all[];
-  constexpr int kRingBytes = kPagedDecodeRangeWarps * kStages * L::kStageBytes;
-  int32_t* indptr = reinterpret_cast<int32_t*>(ring_all + kRingBytes);
-  const int batch = static_cast<int>(p.batch);
-  // The last page length of the request this CTA takes if the batch is balanced, loaded beside
-  // kv_indptr rather than a round trip after the check (where it is not, ranges_stream loads
-  // what it needs).
-  int32_t runs_tail = static_cast<int32_t>(p.page_size);
-  if (even_splits > 0 && p.kv_last_page_len) {
-    const int b = spread_over_sms(blockIdx.x, gridDim.x) / (gridDim.x / ranges) / even_splits;
-    if (b < batch) runs_tail = __ldg(p.kv_last_page_len + b);
-  }
-  for (int i = threadIdx.x; i <= batch; i += blockDim.x) indptr[i] = __ldg(p.kv_indptr + i);
-  __syncthreads();
-  const RangesBatch checked = RangesBatch::of(p, [&](int i) { return indptr[i]; });
-  const bool runs = even_splits > 0 && !checked.uneven;
-  const bool own_rows = merge && runs && even_splits == 1;
-  if (!checked.bad) {
-    ranges_stream<T, D, kStages, kHeadTiles>(p, ring_all, indptr, head_chunks, ranges, even_splits, runs, own_rows,
-                                             merge, runs_tail);
-  }
-  if (!merge || own_rows) return;
-  // Every partial written (the barrier orders the grid's writes before the reads after it).
-  if (!checked.bad) cooperative_groups::this_grid().sync();
-  constexpr int kLanes = D / 4;
-  constexpr int kRowsPerCta = kPagedDecodeRangeWarps * 32 / kLanes;
-  const int64_t base = indptr[0], pages = int64_t(indptr[batch]) - base;
-  const int dim = (threadIdx.x % kLanes) * 4;
-  for (int64_t row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kLanes; row < p.batch * p.num_qo_heads;
-       row += int64_t(gridDim.x) * kRowsPerCta) {
-    const int64_t b = row / p.num_qo_heads;
-    const int32_t first = indptr[b], last = indptr[b + 1];
-    // Rows of requests held whole are written, NaN included (own_bad): no load of their last page
-    // length, which would put a memory round trip per pass of rows (batch 128 x 512 in page runs:
-    // four passes of mostly such rows).
-    if (!checked.bad && last > first) {
-      const auto [r0, r1] = RequestRanges::of(b, first, last, runs, even_splits, base, pages, ranges);
-      if (r0 == r1) continue;
-    }
-    const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
-    finish_range_row<T, D>(p, head_chunks, ranges, even_splits, runs, checked.bad, base, pages, row, dim, first, last,
-                           tail);
-  }
-#else
-  __trap();  // the host never launches this kernel on a GPU below 8.0 (checked in Python)
-#endif
 }
 
 // The dynamic shared memory a ring kernel launches with on `device`: its warps' rings
@@ -1186,40 +1069,27 @@ int launch_ring(const PagedDecodeParams& p, const PagedDecodePlan& plan, int dev
   }
 }
 
+// A page-range plan: the ranges kernel (its rings and a copy of kv_indptr in shared memory), then
+// the merge, with PDL where the GPU has it.
 // The dynamic shared memory of the ranges kernel: its warps' rings and the copy of kv_indptr.
 template <typename T, int D>
 constexpr int kRangesSmemBytes =
     (kPagedDecodeRangeWarps * kRingStages * RingLayout<T, D>::kStageBytes + (int(kPagedDecodeRangesMaxBatch) + 1) * 4 +
      127) / 128 * 128;
 
-// A page-range plan: the ranges kernel (its rings and a copy of kv_indptr in shared memory),
-// launched cooperatively where its grid fits the GPU at once (the plan's one wave does where
-// kPagedDecodeWarpsPerSm warps of it fit an SM, as on sm_90), so that it merges its own partials
-// behind a grid-wide barrier, or skips the merge for a batch of one run per request; else (or
-// with plan.merge_kernel) followed by the merge kernel, with PDL where the GPU has it. The
-// second kernel cost 2.2-2.3 us after the first even where it had nothing to merge
-// (bench/results/2026-11-28_h200_9bb02b9_paged_decode_balanced_runs/).
 template <typename T, int D, int kHeadTiles>
 int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {
   if constexpr (kWarpsOf<D> > 1) {
     return static_cast<int>(cudaErrorInvalidConfiguration);  // the plan never asks for it
   } else {
     const auto kernel = paged_decode_ranges_kernel<T, D, kRingStages, kHeadTiles>;
-    constexpr int kThreads = kPagedDecodeRangeWarps * 32;
-    static PerDevice smem_of, coresident_of;
+    static PerDevice smem_of;
     const int smem = smem_of.get(device, [&] {
       return ring_smem(kernel, kRangesSmemBytes<T, D>, kPagedDecodeRangeWarps, device);
     });
     if (smem < 0) return -smem;
-    // Kept plus one: PerDevice keeps nonzero values.
-    const int coresident =
-        coresident_of.get(device, [&] { return max_cooperative_blocks(kernel, kThreads, smem, device) + 1; }) - 1;
-    const dim3 grid(static_cast<unsigned>(plan.ctas));
-    if (!plan.merge_kernel && plan.ctas <= coresident) {
-      return static_cast<int>(launch_cooperative(kernel, grid, dim3(kThreads), smem, stream, p, plan.head_chunks,
-                                                 plan.ranges, plan.even_splits, true));
-    }
-    kernel<<<grid, kThreads, smem, stream>>>(p, plan.head_chunks, plan.ranges, plan.even_splits, false);
+    kernel<<<static_cast<unsigned>(plan.ctas), kPagedDecodeRangeWarps * 32, smem, stream>>>(
+        p, plan.head_chunks, plan.ranges, plan.even_splits);
     const int err = last_launch_status();
     if (err != 0) return err;
     constexpr int kRowsPerBlock = kMergeThreads / (D / 4);

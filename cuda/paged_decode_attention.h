@@ -118,7 +118,6 @@ struct PagedDecodePlan {
   int64_t ctas = 0;
   int ranges = 0;       // > 0: page ranges per KV head and head chunk (below) instead of splits
   int even_splits = 0;  // with ranges: the runs per request the kernels take for a batch they find balanced
-  bool merge_kernel = false;  // with ranges: merge in a second kernel even where the first could (tests, tuning)
 };
 
 // Page ranges: a schedule that does not depend on how the batch's tokens are spread over its
@@ -128,29 +127,26 @@ struct PagedDecodePlan {
 // streams the parts of the requests its pages hold, each part cut into equal runs for its warps
 // and folded as token warps are. A request held by one range gets its output from that CTA; the
 // parts of one held by several are written to the workspace as partial outputs (slot 0 of a
-// range: the part holding its first page; slot 1: a part starting after it), merged in range
-// order, and the rows of requests without pages and of a batch whose kv_indptr is not monotone
-// (NaN) written, by the same CTAs behind a grid-wide barrier where the grid is launched
-// cooperatively (every CTA resident at once: the plan's one wave on sm_90), else by a second
-// kernel. A CTA keeps a copy of kv_indptr in shared memory, so batches are limited to
-// kPagedDecodeRangesMaxBatch requests.
+// range: the part holding its first page; slot 1: a part starting after it) and a second kernel
+// merges them in range order, and writes the rows of requests without pages and of a batch whose
+// kv_indptr is not monotone (NaN). A CTA keeps a copy of kv_indptr in shared memory, so batches
+// are limited to kPagedDecodeRangesMaxBatch requests.
 // Equal runs of pages rarely start where requests do, so a batch of even lengths would pay for
 // partials and a merge it does not need (every request crossing an edge) where a cut would read
 // each request whole. A plan with even_splits > 0 has the kernels check the lengths first (both
 // hold kv_indptr already): where the longest request has at most kPagedDecodeRunsMaxNum /
 // kPagedDecodeRunsMaxDen of the average pages, range r of every KV head takes run r % even_splits
 // of request r / even_splits instead (equal runs of the request's pages, cut into runs for the
-// warps as before), partials merged where even_splits > 1 (with one run per request every row is
-// written by its request's CTA: no merge, and no barrier before it), and the CTAs past batch x
+// warps as before), partials merged where even_splits > 1, and the CTAs past batch x
 // even_splits return at once (the plan keeps batch x even_splits within the wave's ranges, so
 // they cost no second wave). The bound is looser than the plan's even batches (5/4): in one wave
 // of memory-bound CTAs the longer requests' CTAs take the bandwidth the shorter ones leave, so
 // lengths up to 1.6 x the average still run faster per request than in equal page runs (h32_kv8
-// page size 16 32 x uniform lengths, longest 1.64 x the average: 86.6 us in runs against 93.2 in
-// page runs; h32_kv4 page size 1: 57.6 against 57.3; H200), while one request 1.94 x the average
-// among 31 even ones already wants the page runs (87.0 against 77.0; h32_kv4 page size 1 59.3
-// against 50.2; bench/results/2026-11-28_h200_9bb02b9_paged_decode_fused_merge/): 7/4 lies
-// between the two measured points.
+// page size 16 32 x uniform lengths, longest 1.64 x the average: 79.5 us at 1 x 4 against 88.3 in
+// page runs; h32_kv4 page size 1: 49.6 at 2 x 4 against 54.8; H200), while one request 1.94 x the
+// average among 31 even ones already wants the page runs (h32_kv8 page size 16: 88.8 us in runs,
+// 80.4 in page runs; h32_kv4 page size 1 56.5 against 51.4, page size 16 59.0 against 51.1;
+// bench/results/2026-11-28_h200_6305437_paged_decode_fused_merge/): 7/4 lies between the two.
 constexpr int64_t kPagedDecodeRunsMaxNum = 7;
 constexpr int64_t kPagedDecodeRunsMaxDen = 4;
 constexpr int kPagedDecodeRangeWarps = 4;

@@ -15,7 +15,6 @@ exactly zeros and lse = -inf.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import subprocess
@@ -628,13 +627,6 @@ def test_forced_page_ranges():
             plan(3, 32, 8, 300, splits=0, **{"token_warps": 12, **bad})
     with pytest.raises(ValueError, match="even_splits=1 is for page ranges"):
         plan(3, 32, 8, 300, splits=2, even_splits=1)
-    # merge_kernel: page ranges merged by the second kernel where their own grid could (tests,
-    # tuning); never chosen by the plan.
-    assert plan(32, 32, 8, 32 * 2048, splits=0, merge_kernel=True)["merge_kernel"] is True
-    assert plan(32, 32, 8, 32 * 2048)["merge_kernel"] is False
-    for forced in (dict(splits=2), dict(splits=-1), dict(splits=1, token_warps=4)):
-        with pytest.raises(ValueError, match="merge_kernel=True is for page ranges"):
-            plan(3, 32, 8, 300, merge_kernel=True, **forced)
 
 
 # --- torch.library / torch.compile -----------------------------------------------------------
@@ -890,15 +882,13 @@ def test_every_split_count(seed, splits, token_warps, config):
     check((out, lse), problem, "cuda", seed, f"splits={splits} token_warps={token_warps} {problem.lengths}")
 
 
-def run_forced(problem, args, splits, token_warps, last=None, layout="strided", even_splits=-1, merge_kernel=False):
-    """The raw CUDA call with a forced plan, its workspace NaN-poisoned; (out, lse) after a sync.
-    merge_kernel: page ranges merged by the second kernel, not by their own grid."""
+def run_forced(problem, args, splits, token_warps, last=None, layout="strided", even_splits=-1):
+    """The raw CUDA call with a forced plan, its workspace NaN-poisoned; (out, lse) after a sync."""
     out, lse = poisoned_outputs(problem, "cuda", layout)
     last = problem.kv_last_page_len.cuda() if last is None else last
     scale = 1 / math.sqrt(problem.q.shape[2])
     stream = torch.cuda.current_stream().cuda_stream
-    plan = dict(splits=splits, token_warps=token_warps) | (
-        dict(even_splits=even_splits, merge_kernel=merge_kernel) if splits == 0 else {})
+    plan = dict(splits=splits, token_warps=token_warps) | (dict(even_splits=even_splits) if splits == 0 else {})
     need = _C.paged_decode_attention(out, lse, *args, last, None, scale, stream, True, **plan)
     if need:
         workspace = torch.full((need,), float("nan"), device="cuda")
@@ -922,24 +912,13 @@ def test_page_ranges(seed, ranges, config):
     args = list(problem.args("cuda"))
     good = run_forced(problem, args, 0, ranges, even_splits=0)
     check(good, problem, "cuda", seed, f"ranges={ranges} {problem.lengths}")
-    assert_same_merges(good, problem, args, 0, ranges, even_splits=0)
     bad_request = next(b for b in range(problem.q.shape[0]) if problem.lengths[b] > 0)
     args[4] = args[4].clone()
     args[4][int(problem.kv_indptr[bad_request + 1]) - 1] = problem.num_pages  # its last page: one past the end
-    for merge_kernel in (False, True):
-        out, lse = run_forced(problem, args, 0, ranges, even_splits=0, merge_kernel=merge_kernel)
-        assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
-        keep = torch.arange(problem.q.shape[0]) != bad_request
-        assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
-
-
-def assert_same_merges(got, problem, args, splits, token_warps, **plan):
-    """A page-range plan's rows bit for bit the same whether its own grid merged them (behind a
-    grid-wide barrier, or none for one run per request) or the second kernel did."""
-    other = run_forced(problem, args, splits, token_warps, merge_kernel=True, **plan)
-    assert torch.equal(got[0], other[0]), f"out differs between the merges; {problem.lengths}"
-    assert torch.equal(got[1].nan_to_num(), other[1].nan_to_num()) and \
-        torch.equal(got[1].isnan(), other[1].isnan()), f"lse differs between the merges; {problem.lengths}"
+    out, lse = run_forced(problem, args, 0, ranges, even_splits=0)
+    assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all(), replay(seed)
+    keep = torch.arange(problem.q.shape[0]) != bad_request
+    assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
 
 
 EVEN_CONFIGS = [((32, 8, 128, 16), 1), ((32, 4, 128, 1), 2), ((40, 2, 128, 5), 3), ((6, 1, 64, 3), 1)]
@@ -978,7 +957,6 @@ def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
     args = list(problem.args("cuda"))
     good = run_forced(problem, args, 0, -1, even_splits=even_splits)
     check(good, problem, "cuda", seed, f"even_splits={even_splits} {kind} {lengths}")
-    assert_same_merges(good, problem, args, 0, -1, even_splits=even_splits)
     if kind == "past the bound":
         same = run_forced(problem, args, 0, -1, even_splits=0)
     elif even_splits == 1:
@@ -994,11 +972,10 @@ def test_page_ranges_of_balanced_batches(seed, config, even_splits, kind):
             args[4][int(problem.kv_indptr[4]) + 2] = problem.num_pages
         else:
             last[4] = page_size + 1
-        for merge_kernel in (False, True):
-            out, lse = run_forced(problem, args, 0, -1, last=last, even_splits=even_splits, merge_kernel=merge_kernel)
-            assert torch.isnan(out[4]).all() and torch.isnan(lse[4]).all(), replay(seed)
-            keep = torch.arange(batch) != 4
-            assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
+        out, lse = run_forced(problem, args, 0, -1, last=last, even_splits=even_splits)
+        assert torch.isnan(out[4]).all() and torch.isnan(lse[4]).all(), replay(seed)
+        keep = torch.arange(batch) != 4
+        assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
 
 
 @pytest.mark.gpu
@@ -1011,24 +988,23 @@ def test_page_ranges_bad_layouts_give_nan(seed):
     good = run_forced(problem, args, 0, 8)
     check(good, problem, "cuda", seed)
     # Request 0's 8 pages lie in the first of 8 ranges (85 pages in all); request 3's 60 cross many.
-    for merge_kernel, bad_request in itertools.product((False, True), (0, 3)):
+    for bad_request in (0, 3):
         last = problem.kv_last_page_len.cuda().clone()
         last[bad_request] = 6 if bad_request else 0
-        out, lse = run_forced(problem, args, 0, 8, last=last, merge_kernel=merge_kernel)
+        out, lse = run_forced(problem, args, 0, 8, last=last)
         assert torch.isnan(out[bad_request]).all() and torch.isnan(lse[bad_request]).all()
         keep = torch.arange(5) != bad_request
         assert torch.equal(out[keep], good[0][keep]) and torch.equal(lse[keep], good[1][keep]), replay(seed)
-        for broken in ("decreasing", "past the end", "negative"):
-            indptr = args[3].clone()
-            if broken == "decreasing":
-                indptr[2], indptr[3] = indptr[3].item(), indptr[2].item() - 1
-            elif broken == "past the end":
-                indptr[-1] = args[4].numel() + 1
-            else:
-                indptr[0] = -1
-            out, lse = run_forced(problem, [*args[:3], indptr, args[4]], 0, 8, merge_kernel=merge_kernel)
-            assert torch.isnan(out).all() and torch.isnan(lse).all(), f"{broken} merge_kernel={merge_kernel} " \
-                                                                      f"{replay(seed)}"
+    for broken in ("decreasing", "past the end", "negative"):
+        indptr = args[3].clone()
+        if broken == "decreasing":
+            indptr[2], indptr[3] = indptr[3].item(), indptr[2].item() - 1
+        elif broken == "past the end":
+            indptr[-1] = args[4].numel() + 1
+        else:
+            indptr[0] = -1
+        out, lse = run_forced(problem, [*args[:3], indptr, args[4]], 0, 8)
+        assert torch.isnan(out).all() and torch.isnan(lse).all(), f"{broken} {replay(seed)}"
 
 
 @pytest.mark.gpu
@@ -1144,9 +1120,8 @@ def test_cuda_graph_capture_and_replay(seed):
 @pytest.mark.gpu
 def test_page_ranges_in_a_cuda_graph(seed):
     """Page-range plans captured and replayed on new values of q and the caches: a balanced batch
-    (one run per request: every row written by its own CTA, no barrier) and a skewed one (equal
-    page runs, the partials merged behind the grid-wide barrier), each with a request without
-    pages, their workspaces NaN-poisoned before every replay."""
+    (one run per request) and a skewed one (equal page runs, partials merged), each with a request
+    without pages, their workspaces NaN-poisoned before every replay."""
     gen = torch.Generator().manual_seed(seed)
     balanced = [int(n) for n in torch.randint(150, 200, (12,), generator=gen)]
     skewed = [int(n) for n in torch.randint(1, 60, (12,), generator=gen)]
