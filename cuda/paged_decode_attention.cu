@@ -730,11 +730,17 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   extern __shared__ __align__(128) unsigned char ring_all[];
   constexpr int kRingBytes = kPagedDecodeRangeWarps * kStages * L::kStageBytes;
   int32_t* indptr = reinterpret_cast<int32_t*>(ring_all + kRingBytes);
+  // The last page lengths beside kv_indptr, loaded in the same round trip: read only once a
+  // request is known, each cost a memory round trip between kv_indptr's and the page ids'.
+  int32_t* tails = indptr + kPagedDecodeRangesMaxBatch + 1;
   const int batch = static_cast<int>(p.batch);
+  const int32_t full = static_cast<int32_t>(p.page_size);
   bool bad = false;
   for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
     const int32_t x = __ldg(p.kv_indptr + i);
+    const int32_t tail = i == batch || !p.kv_last_page_len ? full : __ldg(p.kv_last_page_len + i);
     indptr[i] = x;
+    tails[i] = tail;
     bad = bad || x < 0 || x > p.num_indices;
   }
   __syncthreads();
@@ -792,7 +798,7 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   for (int b = lo; b < batch && indptr[b] < q1; ++b) {
     const int32_t first = indptr[b], last = indptr[b + 1];
     if (last == first) continue;  // no pages: the merge writes it
-    const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
+    const int32_t tail = tails[b];
     if (tail < 1 || tail > p.page_size) continue;  // the merge writes NaN (uniform over the CTA)
     const int64_t part0 = first > q0 ? first : q0, part1 = last < q1 ? last : q1;
     const int n = static_cast<int>((last - first - 1) * p.page_size + tail);
@@ -1069,13 +1075,14 @@ int launch_ring(const PagedDecodeParams& p, const PagedDecodePlan& plan, int dev
   }
 }
 
-// A page-range plan: the ranges kernel (its rings and a copy of kv_indptr in shared memory), then
-// the merge, with PDL where the GPU has it.
-// The dynamic shared memory of the ranges kernel: its warps' rings and the copy of kv_indptr.
+// A page-range plan: the ranges kernel (its rings and copies of kv_indptr and kv_last_page_len in
+// shared memory), then the merge, with PDL where the GPU has it.
+// The dynamic shared memory of the ranges kernel: its warps' rings and the two copies (112 KB at
+// 128 dims: two CTAs still fit an sm_90 SM, as the plan's wave counts).
 template <typename T, int D>
 constexpr int kRangesSmemBytes =
-    (kPagedDecodeRangeWarps * kRingStages * RingLayout<T, D>::kStageBytes + (int(kPagedDecodeRangesMaxBatch) + 1) * 4 +
-     127) / 128 * 128;
+    (kPagedDecodeRangeWarps * kRingStages * RingLayout<T, D>::kStageBytes +
+     2 * (int(kPagedDecodeRangesMaxBatch) + 1) * 4 + 127) / 128 * 128;
 
 template <typename T, int D, int kHeadTiles>
 int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int device, cudaStream_t stream) {

@@ -129,8 +129,8 @@ struct PagedDecodePlan {
 // parts of one held by several are written to the workspace as partial outputs (slot 0 of a
 // range: the part holding its first page; slot 1: a part starting after it) and a second kernel
 // merges them in range order, and writes the rows of requests without pages and of a batch whose
-// kv_indptr is not monotone (NaN). A CTA keeps a copy of kv_indptr in shared memory, so batches
-// are limited to kPagedDecodeRangesMaxBatch requests.
+// kv_indptr is not monotone (NaN). A CTA keeps copies of kv_indptr and kv_last_page_len in shared
+// memory, so batches are limited to kPagedDecodeRangesMaxBatch requests.
 // Equal runs of pages rarely start where requests do, so a batch of even lengths would pay for
 // partials and a merge it does not need (every request crossing an edge) where a cut would read
 // each request whole. A plan with even_splits > 0 has the kernels check the lengths first (both
@@ -372,8 +372,8 @@ inline bool paged_decode_head_dim_supported(int64_t head_dim) {
 }
 
 // Whether `device` gives a CTA the shared memory of a page-range plan at head_dim (four warps'
-// rings and a copy of kv_indptr for kPagedDecodeRangesMaxBatch requests: about 104 KB at 128
-// dims; an sm_86 or sm_89 GPU allows 99 KB per block).
+// rings and copies of kv_indptr and kv_last_page_len for kPagedDecodeRangesMaxBatch requests: about
+// 112 KB at 128 dims; an sm_86 or sm_89 GPU allows 99 KB per block).
 bool paged_decode_ranges_fit(int device, int64_t head_dim);
 
 // Launches on `stream` (a cudaStream_t) of `device`; returns a cudaError_t value (0 = success).
