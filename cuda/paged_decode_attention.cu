@@ -706,6 +706,20 @@ __device__ __forceinline__ bool too_long_for_runs(int32_t x, int32_t next, int64
   return kPagedDecodeRunsMaxDen * int64_t(next - x) * batch > kPagedDecodeRunsMaxNum * total;
 }
 
+// The work index of CTA `cta` of a grid of `ctas` on `sms` multiprocessors, so that consecutive
+// work indices lie on distinct SMs: a grid of more CTAs than SMs is dealt out ceil(ctas / sms)
+// consecutive CTAs to an SM (an H200's block scheduler, found with %smid), so a dense prefix of
+// working CTAs would share half the SMs and leave the rest idle. Slot-major over the SMs dealt
+// to; a bijection of [0, ctas) whatever the scheduler does (only the speed depends on it).
+__device__ __forceinline__ int spread_over_sms(uint32_t cta, uint32_t ctas, uint32_t sms) {
+  const uint32_t per_sm = (ctas + sms - 1) / sms, used = (ctas + per_sm - 1) / per_sm;
+  const uint32_t sm = cta / per_sm, slot = cta % per_sm;
+  const uint32_t last_full = ctas - (used - 1) * per_sm;  // CTAs dealt to the last SM
+  // The last SM lacks slots last_full .. per_sm - 1: each earlier one of them skips an index.
+  const uint32_t missing = slot > last_full ? slot - last_full : 0;
+  return static_cast<int>(slot * used + sm - missing);
+}
+
 // Page ranges (see PagedDecodePlan::ranges): CTA x takes range x % ranges of group x / ranges (a
 // group: one KV head's chunk of query heads) and, for each request its pages meet, the tokens of
 // the request on those pages (ranges_part). A request whose pages all lie in the range gets its
@@ -718,7 +732,7 @@ __device__ __forceinline__ bool too_long_for_runs(int32_t x, int32_t next, int64
 template <typename T, int D, int kStages, int kHeadTiles>
 __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarpsPerSm / kPagedDecodeRangeWarps)
     paged_decode_ranges_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
-                               const int even_splits) {
+                               const int even_splits, const int sms) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   static_assert(kWarpsOf<D> == 1, "token warps need one warp of head dims");
   using L = RingLayout<T, D>;
@@ -752,19 +766,16 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   }
   if (__syncthreads_or(bad)) return;
   // This CTA's group and range r in it: CTA group x ranges + r. A balanced batch takes
-  // batch x even_splits runs per group instead, numbered densely from CTA 0 in the order of a
-  // cut's tasks (the groups of one run side by side; the CTAs past them return at once): working
-  // CTAs numbered sparsely (range r of every group) were slower (h32_kv4 page size 16 32 x 2048:
-  // 128 working CTAs of 264, 49.5 against 44.1 us). A grid of more CTAs than SMs is dealt out
-  // ceil(CTAs / SMs) consecutive CTAs to an SM (on an H200), so the 128 dense ones share 64 SMs;
-  // numbering them onto distinct SMs was faster on even batches (44.5 -> 42.7 us, 32 x 8192 150.3
-  // -> 135.7) and slower on uneven ones (32 x uniform 55.8 -> 61.8), measured together with other
-  // changes and not kept (bench/results/2026-11-28_h200_6305437_paged_decode_fused_merge/).
+  // batch x even_splits runs per group instead, numbered in the order of a cut's tasks (the
+  // groups of one run side by side) and spread over the SMs (the CTAs past them return at once):
+  // numbered densely from CTA 0, the 128 working CTAs of 264 (h32_kv4 32 requests, one run each)
+  // shared 64 SMs.
   const bool runs = even_splits > 0 && !__syncthreads_or(uneven);
   const int groups = gridDim.x / ranges;
-  if (runs && blockIdx.x >= groups * batch * even_splits) return;
-  const int group = runs ? blockIdx.x % groups : blockIdx.x / ranges;
-  const int r = runs ? blockIdx.x / groups : blockIdx.x % ranges;
+  const int work = runs ? spread_over_sms(blockIdx.x, gridDim.x, sms) : blockIdx.x;
+  if (runs && work >= groups * batch * even_splits) return;
+  const int group = runs ? work % groups : work / ranges;
+  const int r = runs ? work / groups : work % ranges;
   const int chunk = group % head_chunks;
   const int64_t kv_head = group / head_chunks;
   const int64_t heads_per_kv = p.num_qo_heads / p.num_kv_heads;
@@ -1096,7 +1107,7 @@ int launch_ranges(const PagedDecodeParams& p, const PagedDecodePlan& plan, int d
     });
     if (smem < 0) return -smem;
     kernel<<<static_cast<unsigned>(plan.ctas), kPagedDecodeRangeWarps * 32, smem, stream>>>(
-        p, plan.head_chunks, plan.ranges, plan.even_splits);
+        p, plan.head_chunks, plan.ranges, plan.even_splits, sm_count(device));
     const int err = last_launch_status();
     if (err != 0) return err;
     constexpr int kRowsPerBlock = kMergeThreads / (D / 4);
