@@ -737,10 +737,6 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   static_assert(kWarpsOf<D> == 1, "token warps need one warp of head dims");
   using L = RingLayout<T, D>;
 
-  // One wave: every CTA of this grid is resident from the start, so the merge's blocks may be
-  // scheduled now, into what is left of each SM, and do their reads of the layout while this
-  // kernel streams (they wait for its writes before reading the partials).
-  allow_next_grid();
   extern __shared__ __align__(128) unsigned char ring_all[];
   constexpr int kRingBytes = kPagedDecodeRangeWarps * kStages * L::kStageBytes;
   int32_t* indptr = reinterpret_cast<int32_t*>(ring_all + kRingBytes);
