@@ -768,6 +768,13 @@ __global__ void __launch_bounds__(kPagedDecodeRangeWarps * 32, kPagedDecodeWarps
   // shared 64 SMs (page size 16, public call: 32 x 2048 44.6 -> 41.6 us, 32 x 8192 136.0 -> 131.8;
   // bench/results/2026-11-28_h200_20d18d7_paged_decode_spread_runs/).
   const bool runs = even_splits > 0 && !__syncthreads_or(uneven);
+  // One run per request leaves the merge nothing but rows without pages: its blocks may be
+  // scheduled now, into what is left of each SM, and read the layout while this kernel streams.
+  // Otherwise they are scheduled as this grid ends (the default), spread over idle SMs: placed
+  // early they had merges of many partials (one long request among short ones) stacked on the
+  // few SMs with room, 4-5 us slower (bench/results/2026-11-28_h200_65959d2_paged_decode_merge_launch/).
+  // Every CTA takes the same branch (kv_indptr is the same for all).
+  if (runs && even_splits == 1) allow_next_grid();
   const int groups = gridDim.x / ranges;
   const int work = runs ? spread_over_sms(blockIdx.x, gridDim.x, sms) : blockIdx.x;
   if (runs && work >= groups * batch * even_splits) return;
