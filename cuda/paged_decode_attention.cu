@@ -984,6 +984,15 @@ __global__ void __launch_bounds__(kMergeThreads)
   constexpr int kLanes = D / 4;
   constexpr int kRowsPerBlock = kMergeThreads / kLanes;
   const int batch = static_cast<int>(p.batch);
+  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
+  const bool in_batch = row < p.batch * p.num_qo_heads;
+  const int dim = (threadIdx.x % kLanes) * 4;
+  const int64_t b = in_batch ? row / p.num_qo_heads : 0, head = row % p.num_qo_heads;
+  // The row's request first, in the same round trip as the scan of kv_indptr below (after the
+  // wait, this prologue is on the call's critical path where the blocks start as the first
+  // kernel ends).
+  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
+  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
   const int64_t base = __ldg(p.kv_indptr), pages = int64_t(__ldg(p.kv_indptr + batch)) - base;
   bool bad_batch = false, uneven = false;
   for (int i = threadIdx.x; i <= batch; i += blockDim.x) {
@@ -997,13 +1006,6 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
   bad_batch = __syncthreads_or(bad_batch);
   const bool even = even_splits > 0 && !__syncthreads_or(uneven);
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  const bool in_batch = row < p.batch * p.num_qo_heads;
-  const int dim = (threadIdx.x % kLanes) * 4;
-  const int64_t b = in_batch ? row / p.num_qo_heads : 0, head = row % p.num_qo_heads;
-  // The row's request, also read ahead of the wait: after it, only the partials.
-  const int32_t first = __ldg(p.kv_indptr + b), last = __ldg(p.kv_indptr + b + 1);
-  const int32_t tail = p.kv_last_page_len ? __ldg(p.kv_last_page_len + b) : static_cast<int32_t>(p.page_size);
   wait_for_previous_grid();
   if (!in_batch) return;
   MergeState state;
