@@ -980,7 +980,8 @@ __global__ void __launch_bounds__(kMergeThreads)
     paged_decode_ranges_merge_kernel(const PagedDecodeParams p, const int head_chunks, const int ranges,
                                      const int even_splits) {
   // The layout checks read only inputs: they go ahead of the wait for the first kernel's writes,
-  // which this kernel's blocks may start as soon as that kernel's are all resident (it lets them).
+  // which this kernel's blocks may start before that kernel ends where it lets them (one run per
+  // request), else as it ends.
   constexpr int kLanes = D / 4;
   constexpr int kRowsPerBlock = kMergeThreads / kLanes;
   const int batch = static_cast<int>(p.batch);
